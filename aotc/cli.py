@@ -1,0 +1,263 @@
+"""The ``aotc`` command line: thin commands over the library, one output object, one error mapper.
+
+Stdout carries the result (a table, or one JSON document with ``--json``); logs and progress go to
+stderr. Errors become one line on stderr and a documented exit code; ``AOTC_DEBUG=1`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError
+
+
+class Output:
+    """Where a command's result goes: JSON for machines, rich text for people."""
+
+    def __init__(self, as_json: bool = False):
+        self.as_json = as_json
+
+    def emit(self, data: Any, render: Callable[[], None] | None = None) -> None:
+        if self.as_json or render is None:
+            json.dump(data, sys.stdout, indent=1, sort_keys=True, default=str)
+            sys.stdout.write("\n")
+        else:
+            render()
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def progress_enabled() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("AOTC_NO_PROGRESS")
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace, out: Output) -> int:
+    from aotc.matrix import load_matrix
+    from aotc.plan import plan_entries, render_plans
+
+    matrix = load_matrix(args.config)
+    plans = plan_entries(matrix.select(args.entry))
+    out.emit({"config": args.config, "entries": [p.to_dict() for p in plans],
+              "total_graphs": sum(len(p.graphs) for p in plans)},
+             lambda: render_plans(plans, console()))
+    return 0
+
+
+def cmd_fingerprint(args: argparse.Namespace, out: Output) -> int:
+    from aotc.fingerprint import fingerprint_entry, render_fingerprint
+    from aotc.matrix import load_matrix
+
+    entry = load_matrix(args.config).entry(args.entry)
+    fp = fingerprint_entry(entry)
+    out.emit({"entry": entry.name, "fingerprint": fp.digest, "inputs": fp.inputs},
+             lambda: render_fingerprint(entry.name, fp, console()))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace, out: Output) -> int:
+    from aotc.build import build_matrix, render_build
+    from aotc.matrix import load_matrix
+
+    matrix = load_matrix(args.config)
+    report = build_matrix(matrix, entries=args.entry, out_dir=args.out, jobs=args.jobs,
+                          shard=args.shard, traffic=args.traffic, seed=args.seed,
+                          progress=progress_enabled())
+    out.emit(report.to_dict(), lambda: render_build(report, console()))
+    return 0 if report.ok else EXIT_CHECK_FAILED
+
+
+def cmd_verify(args: argparse.Namespace, out: Output) -> int:
+    from aotc.verify import render_verify, verify_artifact
+
+    result = verify_artifact(args.artifact_dir, traffic=args.traffic, seed=args.seed)
+    out.emit(result.to_dict(), lambda: render_verify(result, console()))
+    return 0 if result.ok else EXIT_CHECK_FAILED
+
+
+def cmd_publish(args: argparse.Namespace, out: Output) -> int:
+    from aotc.publish import publish_artifacts, render_publish
+    from aotc.store import resolve_store_url
+
+    url = resolve_store_url(args.store)
+    results = publish_artifacts(args.artifact_dir, url, progress=progress_enabled())
+    out.emit({"store": url, "published": [r.to_dict() for r in results]},
+             lambda: render_publish(results, url, console()))
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
+    from aotc.fetch import fetch_artifact, render_fetch
+    from aotc.store import resolve_store_url
+
+    if bool(args.fingerprint) == bool(args.config):
+        raise_usage("fetch needs either --config CONFIG --entry NAME or --fingerprint FP")
+    entry = None
+    config_store = None
+    if args.config:
+        from aotc.matrix import load_matrix
+
+        if not args.entry:
+            raise_usage("fetch --config needs --entry NAME")
+        matrix = load_matrix(args.config)
+        entry = matrix.entry(args.entry)
+        config_store = matrix.store
+    url = resolve_store_url(args.store, config_store)
+    result = fetch_artifact(url, args.dest, entry=entry, fingerprint=args.fingerprint,
+                            progress=progress_enabled())
+    out.emit(result.to_dict(), lambda: render_fetch(result, console()))
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace, out: Output) -> int:
+    from aotc.store import Store, render_ls, resolve_store_url
+
+    url = resolve_store_url(args.store)
+    info = Store.from_url(url).scan()
+    out.emit(info.to_dict(), lambda: render_ls(info, console()))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace, out: Output) -> int:
+    from aotc.store import Store, render_gc, resolve_store_url
+
+    url = resolve_store_url(args.store)
+    store = Store.from_url(url)
+    strategy = store.scan().gc(keep=args.keep)
+    if not args.dry_run:
+        strategy.execute(store)
+    out.emit(strategy.to_dict() | {"dry_run": args.dry_run},
+             lambda: render_gc(strategy, args.dry_run, console()))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
+    from aotc.doctor import render_doctor, run_doctor
+
+    report = run_doctor()
+    out.emit(report, lambda: render_doctor(report, console()))
+    return 0 if report.get("ok", True) else EXIT_CHECK_FAILED
+
+
+# --- parser ---------------------------------------------------------------------------------------
+
+
+class UsageError(AotcError):
+    exit_code = EXIT_BAD_INPUT
+
+
+def raise_usage(message: str) -> None:
+    raise UsageError(message)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep the one-line form
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="aotc", description="Compile-ahead XLA cache builder for vLLM on TPUs.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, func: Callable, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+        return p
+
+    p = command("plan", cmd_plan, "list every graph each entry needs, before compiling anything")
+    p.add_argument("config")
+    p.add_argument("--entry", action="append", metavar="NAME", help="only this entry (repeatable)")
+
+    p = command("build", cmd_build, "compile every planned graph (and a traffic sweep) into artifact dirs")
+    p.add_argument("config")
+    p.add_argument("--entry", action="append", metavar="NAME")
+    p.add_argument("--out", default="artifacts", metavar="DIR")
+    p.add_argument("--jobs", type=int, default=1, metavar="N")
+    p.add_argument("--shard", default=None, metavar="I/N")
+    p.add_argument("--traffic", type=int, default=32, metavar="N", help="requests in the traffic sweep")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+
+    p = command("verify", cmd_verify, "prove, in a fresh process, that no graph misses the cache")
+    p.add_argument("artifact_dir")
+    p.add_argument("--traffic", type=int, default=64, metavar="N")
+    p.add_argument("--seed", type=int, default=1, metavar="S")
+
+    p = command("publish", cmd_publish, "put artifacts in the store, atomically")
+    p.add_argument("artifact_dir", nargs="+")
+    p.add_argument("--store", metavar="URL")
+
+    p = command("fetch", cmd_fetch, "download a verified artifact into DIR (a pod's init container)")
+    p.add_argument("--config")
+    p.add_argument("--entry")
+    p.add_argument("--fingerprint", metavar="FP")
+    p.add_argument("--dest", required=True, metavar="DIR")
+    p.add_argument("--store", metavar="URL")
+
+    p = command("ls", cmd_ls, "list entries, fingerprints, sizes and dates in the store")
+    p.add_argument("--store", metavar="URL")
+
+    p = command("gc", cmd_gc, "delete all but the newest N fingerprints per entry", json_flag=True)
+    p.add_argument("--store", metavar="URL")
+    p.add_argument("--keep", type=int, default=2, metavar="N")
+    p.add_argument("--dry-run", action="store_true")
+
+    p = command("fingerprint", cmd_fingerprint, "print an entry's fingerprint and its inputs")
+    p.add_argument("config")
+    p.add_argument("--entry", required=True, metavar="NAME")
+
+    command("doctor", cmd_doctor, "versions, this environment's fingerprint inputs, a loadability probe")
+    return parser
+
+
+def _version() -> str:
+    from aotc import __version__
+
+    return f"aotc {__version__}"
+
+
+def _error_code(exc: BaseException) -> int:
+    if isinstance(exc, AotcError):
+        return exc.exit_code
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, (ValueError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return EXIT_BAD_INPUT
+    return EXIT_CHECK_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = bool(os.environ.get("AOTC_DEBUG"))
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args, Output(getattr(args, "json", False)))
+    except KeyboardInterrupt:
+        print("aotc: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `aotc plan ... | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # one place maps every failure to one line and an exit code
+        if debug:
+            raise
+        code = _error_code(exc)
+        message = str(exc) or type(exc).__name__
+        print(f"aotc: error: {message}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

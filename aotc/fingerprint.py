@@ -1,0 +1,141 @@
+"""The fingerprint: a sha256 over everything that changes a compiled graph or its cache key.
+
+Read without importing the heavy packages: versions come from package metadata, flags from the
+environment, model facts from the config. Two machines with the same inputs compute the same digest;
+change any one input and the digest changes, so a pod never loads a cache built for another stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from aotc.matrix import Entry
+
+FINGERPRINT_VERSION = 1
+RUNNER_PACKAGES = {"vllm-tpu": ("torch", "torch_xla", "vllm", "libtpu")}
+RUNNER_ENV_VARS = {"vllm-tpu": ("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD",
+                                "VLLM_TPU_USING_PATHWAYS")}
+FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    digest: str
+    inputs: dict[str, Any]
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12]
+
+
+def canonical_json(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def digest_of(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(inputs)).hexdigest()
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def xla_flags(environ: dict[str, str]) -> list[str]:
+    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS: they are part of XLA's cache key."""
+    flags: list[str] = []
+    for var in FLAG_ENV_VARS:
+        try:
+            words = shlex.split(environ.get(var, ""))
+        except ValueError:
+            words = environ.get(var, "").split()
+        flags += [f"{var}:{w}" for w in words if w.startswith("--xla")]
+    return sorted(flags)
+
+
+def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
+    """The runner-read variables as the build will set them: the config's value, else the process's."""
+    env = {}
+    for var in RUNNER_ENV_VARS[entry.runner]:
+        if var in entry.env:
+            env[var] = str(entry.env[var])
+        elif var in environ:
+            env[var] = environ[var]
+    return env
+
+
+def model_config_digest(entry: Entry) -> str | None:
+    path = entry.model_config_path
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
+
+
+def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    environ = dict(os.environ if environ is None else environ)
+    model_digest = model_config_digest(entry)
+    return {
+        "fingerprint_version": FINGERPRINT_VERSION,
+        # a local model is identified by its config, not by where it happens to lie on disk
+        "model": os.path.basename(entry.model.rstrip("/")) if model_digest else entry.model,
+        "revision": entry.revision,
+        "model_config_sha256": model_digest,
+        "runner": entry.runner,
+        "device": entry.device,
+        "accelerator": entry.accelerator,
+        "dtype": entry.dtype,
+        "max_model_len": entry.max_model_len,
+        "max_num_seqs": entry.max_num_seqs,
+        "max_num_batched_tokens": entry.max_num_batched_tokens,
+        "tensor_parallel_size": entry.tensor_parallel_size,
+        "engine": dict(sorted(entry.engine.items())),
+        "env": runner_env(entry, environ),
+        "versions": {pkg: package_version(pkg) for pkg in RUNNER_PACKAGES[entry.runner]},
+        "xla_flags": xla_flags(environ),
+    }
+
+
+def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None) -> Fingerprint:
+    inputs = fingerprint_inputs(entry, environ)
+    return Fingerprint(digest_of(inputs), inputs)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: data}
+
+
+def diff_inputs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Dotted key paths whose values differ between two input sets (missing counts as different)."""
+    fa, fb = flatten(a), flatten(b)
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, _MISSING) != fb.get(k, _MISSING))
+
+
+def describe_diff(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    fa, fb = flatten(ours), flatten(theirs)
+    return [f"{k}: here {fa.get(k, '<unset>')!r}, published {fb.get(k, '<unset>')!r}" for k in diff_inputs(ours, theirs)]
+
+
+_MISSING = object()
+
+
+def render_fingerprint(name: str, fp: Fingerprint, console) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]{name}[/bold]  {fp.digest}")
+    table = Table(show_header=True, box=None)
+    table.add_column("input")
+    table.add_column("value")
+    for key, value in sorted(flatten(fp.inputs).items()):
+        table.add_row(key, json.dumps(value))
+    console.print(table)

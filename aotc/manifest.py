@@ -1,0 +1,142 @@
+"""The artifact manifest (schema 1, DESIGN.md) and the path rules every reader enforces."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from aotc.errors import BadInput, IntegrityError
+
+SCHEMA = 1
+MANIFEST_NAME = "manifest.json"
+CACHE_DIR_NAME = "cache"
+
+
+def check_relative_path(path: str) -> str:
+    """Return ``path`` if it is a plain relative POSIX path, else raise IntegrityError.
+
+    Manifests come from a store other people write to: a path is never allowed to leave
+    the destination directory, however it is spelled.
+    """
+    if not path or "\\" in path or "\x00" in path:
+        raise IntegrityError(f"unsafe path in manifest: {path!r}")
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or any(part in ("..", ".", "") for part in path.split("/")):
+        raise IntegrityError(f"unsafe path in manifest: {path!r}")
+    return path
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    family: str
+    shape: dict[str, Any]
+    keys: tuple[str, ...] = ()
+    compile_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "shape": dict(self.shape), "keys": list(self.keys),
+                "compile_seconds": round(self.compile_seconds, 4)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GraphRecord:
+        return cls(family=data["family"], shape=dict(data.get("shape", {})),
+                   keys=tuple(data.get("keys", ())),
+                   compile_seconds=float(data.get("compile_seconds", 0.0)))
+
+
+@dataclass(frozen=True)
+class VerifySummary:
+    misses: int = 0
+    replayed_graphs: int = 0
+    traffic_requests: int = 0
+    loadable: bool = False
+
+
+@dataclass(frozen=True)
+class Manifest:
+    entry: str
+    fingerprint: str
+    inputs: dict[str, Any]
+    created: str
+    aotc_version: str
+    runner: str
+    device: str
+    files: tuple[FileRecord, ...] = ()
+    graphs: tuple[GraphRecord, ...] = ()
+    verify: VerifySummary | None = None
+    schema: int = SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "schema": self.schema, "entry": self.entry, "fingerprint": self.fingerprint,
+            "inputs": self.inputs, "created": self.created, "aotc_version": self.aotc_version,
+            "runner": self.runner, "device": self.device,
+            "files": [asdict(f) for f in self.files],
+            "graphs": [g.to_dict() for g in self.graphs],
+            "verify": asdict(self.verify) if self.verify else None,
+        }
+        data.update(self.extra)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise IntegrityError(f"unsupported manifest schema: {data.get('schema') if isinstance(data, dict) else data!r}")
+        known = {"schema", "entry", "fingerprint", "inputs", "created", "aotc_version", "runner",
+                 "device", "files", "graphs", "verify"}
+        try:
+            files = tuple(
+                FileRecord(path=check_relative_path(f["path"]), sha256=str(f["sha256"]), size=int(f["size"]))
+                for f in data["files"]
+            )
+            verify = data.get("verify")
+            return cls(
+                entry=str(data["entry"]), fingerprint=str(data["fingerprint"]),
+                inputs=dict(data.get("inputs", {})), created=str(data.get("created", "")),
+                aotc_version=str(data.get("aotc_version", "")), runner=str(data.get("runner", "")),
+                device=str(data.get("device", "")), files=files,
+                graphs=tuple(GraphRecord.from_dict(g) for g in data.get("graphs", ())),
+                verify=VerifySummary(**verify) if verify else None,
+                extra={k: v for k, v in data.items() if k not in known},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"malformed manifest: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise IntegrityError(f"manifest is not valid JSON: {exc}") from exc
+
+    @classmethod
+    def load(cls, artifact_dir: str | Path) -> Manifest:
+        path = Path(artifact_dir) / MANIFEST_NAME
+        if not path.is_file():
+            raise BadInput(f"{artifact_dir}: not an artifact directory (no {MANIFEST_NAME})")
+        return cls.from_json(path.read_bytes())
+
+    def save(self, artifact_dir: str | Path) -> Path:
+        """Write manifest.json atomically (temp file + rename), so a reader never sees half of it."""
+        path = Path(artifact_dir) / MANIFEST_NAME
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+        return path

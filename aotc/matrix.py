@@ -1,0 +1,350 @@
+"""The YAML matrix: schema, validation and expansion into entries.
+
+A matrix names models and the engine settings to build for; every combination of the values listed
+under a model's ``matrix`` is one entry with a stable, readable name. Validation is strict: a typo in
+a key would otherwise silently build the wrong cache, which a pod only discovers by compiling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
+
+from aotc.errors import BadInput, MatrixError
+
+RUNNERS = ("vllm-tpu",)
+DEVICES = ("tpu", "cpu")
+MIN_TOKEN_PADDING = 16  # vLLM 0.13 TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
+ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
+NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
+
+PositiveInt = Annotated[StrictInt, Field(ge=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineArgs(_Strict):
+    """vLLM engine arguments that change compiled graphs or their cache keys."""
+
+    block_size: PositiveInt | None = None
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = None
+    quantization: StrictStr | None = None
+    enable_prefix_caching: StrictBool | None = None
+    max_logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
+    enable_lora: StrictBool | None = None
+    max_loras: PositiveInt | None = None
+    max_lora_rank: PositiveInt | None = None
+    disable_chunked_mm_input: StrictBool | None = None
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, v: int | None) -> int | None:
+        if v is not None and v & (v - 1):
+            raise ValueError(f"must be a power of two, got {v}")
+        return v
+
+
+class RunnerEnv(_Strict):
+    """Environment variables vLLM's TPU runner reads while building graphs."""
+
+    VLLM_TPU_BUCKET_PADDING_GAP: Annotated[StrictInt, Field(ge=0)] | None = None
+    VLLM_TPU_MOST_MODEL_LEN: PositiveInt | None = None
+    VLLM_XLA_USE_SPMD: Literal[0, 1] | None = None
+    VLLM_TPU_USING_PATHWAYS: Literal[0, 1] | None = None
+
+
+class Settings(_Strict):
+    runner: Literal["vllm-tpu"] | None = None
+    device: Literal["tpu", "cpu"] | None = None
+    accelerator: StrictStr | None = None
+    dtype: Literal["bfloat16", "float32", "float16", "auto"] | None = None
+    engine: EngineArgs | None = None
+    env: RunnerEnv | None = None
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator(cls, v: str | None) -> str | None:
+        if v is not None and not ACCELERATOR_RE.match(v):
+            raise ValueError(f"expected a TPU type-chips such as 'v6e-8' or 'v5e-4', got {v!r}")
+        return v
+
+
+def _axis(minimum: int):
+    return Annotated[list[Annotated[StrictInt, Field(ge=minimum)]], Field(min_length=1)]
+
+
+class Axes(_Strict):
+    max_model_len: _axis(MIN_TOKEN_PADDING)
+    max_num_seqs: _axis(1)
+    max_num_batched_tokens: _axis(MIN_TOKEN_PADDING)
+    tensor_parallel_size: _axis(1) = [1]
+
+    @field_validator("max_num_batched_tokens")
+    @classmethod
+    def _tokens_power_of_two(cls, values: list[int]) -> list[int]:
+        # vLLM pads to the next power of two anyway; a budget between two buckets compiles a
+        # bucket no request can fill, so say it instead of building it.
+        for v in values:
+            if v & (v - 1):
+                raise ValueError(f"must be a power of two (vLLM pads token buckets by doubling), got {v}")
+        return values
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _tp_power_of_two(cls, values: list[int]) -> list[int]:
+        for v in values:
+            if v & (v - 1):
+                raise ValueError(f"must be a power of two (TPU slices), got {v}")
+        return values
+
+    @field_validator("*")
+    @classmethod
+    def _distinct(cls, values: list[int]) -> list[int]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"values repeat: {values}")
+        return values
+
+
+class ModelSpec(Settings):
+    name: StrictStr
+    model: StrictStr
+    revision: StrictStr = "main"
+    matrix: Axes
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v) or len(v) > 64:
+            raise ValueError(f"must be lowercase letters, digits, '.', '_' or single '-' (at most 64), got {v!r}")
+        return v
+
+
+class MatrixFile(_Strict):
+    store: StrictStr | None = None
+    defaults: Settings = Settings()
+    models: Annotated[list[ModelSpec], Field(min_length=1)]
+
+
+DEFAULTS = {"runner": "vllm-tpu", "device": "tpu", "accelerator": "v6e-8", "dtype": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cell of the matrix: everything needed to plan, fingerprint and build one cache."""
+
+    name: str
+    model_name: str
+    model: str
+    revision: str
+    runner: str
+    device: str
+    accelerator: str
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    tensor_parallel_size: int
+    engine: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    model_path: str | None = None  # absolute local directory when ``model`` is one
+
+    @property
+    def model_config_path(self) -> Path | None:
+        return Path(self.model_path) / "config.json" if self.model_path else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Entry:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: str
+    store: str | None
+    entries: tuple[Entry, ...]
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    def entry(self, name: str) -> Entry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise BadInput(f"{self.path}: no entry named {name!r}; entries: {', '.join(self.names())}")
+
+    def select(self, names: list[str] | None) -> list[Entry]:
+        return [self.entry(n) for n in names] if names else list(self.entries)
+
+
+def entry_name(model_name: str, len_: int, seqs: int, tok: int, tp: int) -> str:
+    return f"{model_name}--len{len_}-seqs{seqs}-tok{tok}-tp{tp}"
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read: {exc}") from None
+    return parse_matrix(text, str(path), base_dir=path.parent)
+
+
+def parse_matrix(text: str, file: str = "<matrix>", base_dir: Path | None = None) -> Matrix:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise MatrixError(file, where, f"invalid YAML: {problem}") from None
+    if not isinstance(raw, dict):
+        raise MatrixError(file, "", f"expected a mapping with 'models', got {type(raw).__name__}")
+    try:
+        spec = MatrixFile.model_validate(raw)
+    except ValidationError as exc:
+        raise _first_error(file, raw, exc) from None
+    return Matrix(path=file, store=spec.store, entries=tuple(_expand(spec, file, base_dir or Path.cwd())))
+
+
+def _first_error(file: str, raw: dict, exc: ValidationError) -> MatrixError:
+    err = exc.errors()[0]
+    loc = list(err["loc"])
+    # pydantic reports union branches as extra path parts ('int', 'constrained-int'); drop them
+    loc = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "bool", "none"}))]
+    key_path = _key_path(raw, loc)
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        reason = "unknown key"
+    elif kind == "missing":
+        reason = "required key is missing"
+    else:
+        reason = msg.removeprefix("Value error, ")
+        if "input" in err and kind not in ("too_short", "value_error"):
+            reason += f" (got {err['input']!r})"
+    return MatrixError(file, key_path, reason)
+
+
+def _key_path(raw: Any, loc: list) -> str:
+    parts: list[str] = []
+    node = raw
+    for p in loc:
+        if isinstance(p, int):
+            label = None
+            if isinstance(node, list) and p < len(node) and isinstance(node[p], dict) and "name" in node[p]:
+                label = node[p]["name"]
+            parts[-1] = f"{parts[-1]}[{label!r}]" if label and parts else f"{parts[-1] if parts else ''}[{p}]"
+        else:
+            parts.append(str(p))
+        node = node[p] if isinstance(node, (list, dict)) and _has(node, p) else None
+    return ".".join(parts)
+
+
+def _has(node: list | dict, key: Any) -> bool:
+    return key in node if isinstance(node, dict) else isinstance(key, int) and key < len(node)
+
+
+def _merge(defaults: Settings, model: ModelSpec) -> dict[str, Any]:
+    merged = dict(DEFAULTS)
+    engine: dict[str, Any] = {}
+    env: dict[str, Any] = {}
+    for layer in (defaults, model):
+        for key in DEFAULTS:
+            value = getattr(layer, key)
+            if value is not None:
+                merged[key] = value
+        if layer.engine is not None:
+            engine.update(layer.engine.model_dump(exclude_none=True))
+        if layer.env is not None:
+            env.update(layer.env.model_dump(exclude_none=True))
+    merged["engine"], merged["env"] = engine, env
+    return merged
+
+
+def _expand(spec: MatrixFile, file: str, base_dir: Path) -> list[Entry]:
+    entries: list[Entry] = []
+    seen: dict[str, str] = {}
+    for index, model in enumerate(spec.models):
+        where = f"models[{model.name!r}]"
+        settings = _merge(spec.defaults, model)
+        model_path = _local_model_dir(model.model, base_dir)
+        hf_config = _read_model_config(model_path, file, where) if model_path else None
+        axes = model.matrix
+        for len_, seqs, tok, tp in itertools.product(
+            axes.max_model_len, axes.max_num_seqs, axes.max_num_batched_tokens, axes.tensor_parallel_size
+        ):
+            name = entry_name(model.name, len_, seqs, tok, tp)
+            if name in seen:
+                raise MatrixError(file, f"models[{index}].name",
+                                  f"duplicate entry name {name!r} (also from {seen[name]})")
+            seen[name] = f"models[{index}]"
+            entry = Entry(name=name, model_name=model.name, model=model.model, revision=model.revision,
+                          max_model_len=len_, max_num_seqs=seqs, max_num_batched_tokens=tok,
+                          tensor_parallel_size=tp, model_path=str(model_path) if model_path else None,
+                          **settings)
+            _check_entry(entry, hf_config, file, where)
+            entries.append(entry)
+    return entries
+
+
+def _local_model_dir(model: str, base_dir: Path) -> Path | None:
+    """A model given as a path (absolute, ./ or ../, or an existing dir beside the config) is local."""
+    candidate = Path(model).expanduser()
+    if not candidate.is_absolute():
+        candidate = base_dir / candidate
+    looks_like_path = model.startswith(("/", "./", "../", "~")) or candidate.is_dir()
+    return candidate.resolve() if looks_like_path else None
+
+
+def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]:
+    config = model_dir / "config.json"
+    if not config.is_file():
+        raise MatrixError(file, where + ".model", f"local model dir has no config.json: {model_dir}")
+    try:
+        data = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MatrixError(file, where + ".model", f"{config} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise MatrixError(file, where + ".model", f"{config} is not a JSON object")
+    return data
+
+
+def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) -> None:
+    """Rules that span several keys, each an impossibility vLLM would only report at start-up."""
+    axes = where + ".matrix"
+    if entry.max_num_batched_tokens < entry.max_num_seqs:
+        raise MatrixError(file, axes + ".max_num_batched_tokens",
+                          f"{entry.max_num_batched_tokens} is below max_num_seqs {entry.max_num_seqs} "
+                          "(vLLM requires max_num_batched_tokens >= max_num_seqs)")
+    most = entry.env.get("VLLM_TPU_MOST_MODEL_LEN")
+    if most is not None and most >= entry.max_model_len:
+        raise MatrixError(file, where + ".env.VLLM_TPU_MOST_MODEL_LEN",
+                          f"{most} must be below max_model_len {entry.max_model_len}")
+    if entry.device == "tpu":
+        chips = int(ACCELERATOR_RE.match(entry.accelerator).group(2))
+        if entry.tensor_parallel_size > chips:
+            raise MatrixError(file, axes + ".tensor_parallel_size",
+                              f"{entry.tensor_parallel_size} exceeds the {chips} chips of {entry.accelerator}")
+    if hf_config is None:
+        return
+    heads = hf_config.get("num_attention_heads")
+    if isinstance(heads, int) and heads % entry.tensor_parallel_size:
+        raise MatrixError(file, axes + ".tensor_parallel_size",
+                          f"{entry.tensor_parallel_size} does not divide the model's {heads} attention heads")
+    limit = hf_config.get("max_position_embeddings")
+    if isinstance(limit, int) and entry.max_model_len > limit:
+        raise MatrixError(file, axes + ".max_model_len",
+                          f"{entry.max_model_len} exceeds the model's max_position_embeddings {limit}")

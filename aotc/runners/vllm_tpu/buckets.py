@@ -1,0 +1,114 @@
+"""vLLM 0.13 TPUModelRunner's padding rules and capture_model loops, as plain data.
+
+Re-implemented (not imported) so that ``aotc plan`` runs without torch or vLLM; tests prove these
+equal vLLM's own ``_get_token_paddings``, ``_get_req_paddings`` and
+``_get_padded_num_reqs_with_upper_limit`` over a randomized sweep.
+"""
+
+from __future__ import annotations
+
+from aotc.matrix import MIN_TOKEN_PADDING, Entry
+from aotc.plan import GraphSpec
+
+MIN_NUM_SEQS = 8  # tpu_model_runner.MIN_NUM_SEQS
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n < 1 else 1 << (n - 1).bit_length()
+
+
+def token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:
+    """Doubling buckets up to ``max_token_size``, or doubling up to the gap and then linear."""
+    paddings = []
+    num = min_token_size
+    if padding_gap == 0:
+        while True:
+            paddings.append(num)
+            if num >= max_token_size:
+                return paddings
+            num *= 2
+    while num <= padding_gap:
+        paddings.append(num)
+        num *= 2
+    num //= 2
+    while num < max_token_size:
+        num += padding_gap
+        paddings.append(num)
+    return paddings
+
+
+def padded_num_reqs_with_upper_limit(x: int, upper_limit: int) -> int:
+    res = MIN_NUM_SEQS if x <= MIN_NUM_SEQS else 1 << (x - 1).bit_length()
+    return min(res, upper_limit)
+
+
+def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
+    paddings: list[int] = []
+    num = max(MIN_NUM_SEQS, min_req_size)
+    while num <= max_req_size and (not paddings or paddings[-1] != num):
+        paddings.append(num)
+        num = padded_num_reqs_with_upper_limit(num + 1, max_req_size)
+    return paddings
+
+
+def page_size(max_model_len: int) -> int:
+    """PallasAttentionBackend.get_page_size: TpuPlatform overrides any configured block_size with it."""
+    if max_model_len > 8192:
+        return 16
+    size = next_power_of_2(max_model_len) // 16
+    return min(max(size, 16), 256)
+
+
+def max_num_seqs_for_len(model_len: int, block_size: int) -> int:
+    """PallasAttentionBackend.get_max_num_seqs: keeps the block table within the kernel's SMEM."""
+    return 1024 * 1024 // 2 // cdiv(model_len, block_size) // 4
+
+
+def is_multimodal(hf_config: dict | None) -> bool:
+    return bool(hf_config) and any(k in hf_config for k in ("vision_config", "audio_config"))
+
+
+def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]:
+    """Every graph ``TPUModelRunner.capture_model`` compiles, in its order."""
+    gap = int(entry.env.get("VLLM_TPU_BUCKET_PADDING_GAP", 0))
+    most_model_len = entry.env.get("VLLM_TPU_MOST_MODEL_LEN")
+    block_size = page_size(entry.max_model_len)
+    max_num_reqs = max(entry.max_num_seqs, MIN_NUM_SEQS)
+    tokens = token_paddings(MIN_TOKEN_PADDING, entry.max_num_batched_tokens, gap)
+    reqs = req_paddings(MIN_NUM_SEQS, max_num_reqs)
+
+    graphs: list[GraphSpec] = []
+    if is_multimodal(hf_config):
+        # Only the text-only embedding is shape-determined; encoder item counts come from the
+        # processor and are caught by the traffic sweep.
+        graphs += [GraphSpec.of("mm_encoder", num_tokens=t) for t in tokens]
+    backbone_variants = [(min(max_num_seqs_for_len(entry.max_model_len, block_size), max_num_reqs),
+                          cdiv(entry.max_model_len, block_size))]
+    if most_model_len is not None:
+        backbone_variants.append((min(max_num_seqs_for_len(most_model_len, block_size), max_num_reqs),
+                                  cdiv(most_model_len, block_size)))
+    for t in tokens:
+        graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r, num_blocks=b) for r, b in backbone_variants]
+    for t in tokens:
+        for r in reqs:
+            graphs.append(GraphSpec.of("select_hidden_states", num_tokens=t, num_reqs=r))
+            if r >= min(t, max_num_reqs):  # the runner's early break
+                break
+    graphs += [GraphSpec.of("compute_logits", num_reqs=r) for r in reqs]
+    graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
+    graphs += [GraphSpec.of("sample_from_logits", num_reqs=r, all_greedy=g) for r in reqs for g in (False, True)]
+    graphs += [GraphSpec.of("gather_logprobs", num_reqs=r) for r in reqs]
+    return graphs
+
+
+def bucket_summary(entry: Entry) -> dict:
+    gap = int(entry.env.get("VLLM_TPU_BUCKET_PADDING_GAP", 0))
+    return {
+        "token_paddings": token_paddings(MIN_TOKEN_PADDING, entry.max_num_batched_tokens, gap),
+        "request_paddings": req_paddings(MIN_NUM_SEQS, max(entry.max_num_seqs, MIN_NUM_SEQS)),
+        "block_size": page_size(entry.max_model_len),
+    }

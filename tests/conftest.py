@@ -1,0 +1,21 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+
+
+def run_aotc(*args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 600):
+    """Run the real CLI in a subprocess, as a pod or a CI job would."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or REPO, timeout=timeout)
+
+
+@pytest.fixture
+def aotc_cli():
+    return run_aotc

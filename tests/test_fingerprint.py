@@ -1,0 +1,127 @@
+"""The fingerprint: deterministic across processes, and sensitive to every single input."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from aotc.cli import main
+from aotc.fingerprint import diff_inputs, fingerprint_entry
+from aotc.matrix import parse_matrix
+
+from .conftest import CONFIGS, REPO
+
+BASE = parse_matrix("""
+defaults: {env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {block_size: 16}}
+models: [{name: m, model: org/m, revision: abc, matrix: {max_model_len: [2048], max_num_seqs: [128],
+          max_num_batched_tokens: [512], tensor_parallel_size: [1]}}]
+""").entries[0]
+ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_cpu_enable_fast_math=false", "LIBTPU_INIT_ARGS": ""}
+
+
+def digest(entry=BASE, environ=ENV):
+    return fingerprint_entry(entry, environ).digest
+
+
+ENTRY_CHANGES = {
+    "model": {"model": "org/other"},
+    "revision": {"revision": "def"},
+    "runner_device": {"device": "cpu"},
+    "accelerator": {"accelerator": "v5e-8"},
+    "dtype": {"dtype": "float32"},
+    "max_model_len": {"max_model_len": 4096},
+    "max_num_seqs": {"max_num_seqs": 256},
+    "max_num_batched_tokens": {"max_num_batched_tokens": 1024},
+    "tensor_parallel_size": {"tensor_parallel_size": 2},
+    "engine_arg": {"engine": {"block_size": 32}},
+    "engine_arg_added": {"engine": {"block_size": 16, "max_logprobs": 5}},
+    "runner_env": {"env": {"VLLM_TPU_BUCKET_PADDING_GAP": 128}},
+    "most_model_len": {"env": {"VLLM_TPU_BUCKET_PADDING_GAP": 0, "VLLM_TPU_MOST_MODEL_LEN": 1024}},
+}
+
+
+@pytest.mark.parametrize("name", ENTRY_CHANGES)
+def test_each_entry_input_changes_the_digest(name):
+    changed = dataclasses.replace(BASE, **ENTRY_CHANGES[name])
+    assert digest(changed) != digest()
+    assert diff_inputs(fingerprint_entry(changed, ENV).inputs, fingerprint_entry(BASE, ENV).inputs)
+
+
+ENV_CHANGES = {
+    "xla_flag_value": {**ENV, "XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_cpu_enable_fast_math=true"},
+    "libtpu_flag": {**ENV, "LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=true"},
+    "runner_env_from_process": {**ENV, "VLLM_TPU_MOST_MODEL_LEN": "1024"},
+}
+
+
+@pytest.mark.parametrize("name", ENV_CHANGES)
+def test_each_environment_input_changes_the_digest(name):
+    assert digest(environ=ENV_CHANGES[name]) != digest()
+
+
+def test_config_env_wins_over_process_env():
+    assert digest(environ={**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"}) == digest()
+
+
+def test_flag_order_and_non_xla_words_do_not_matter():
+    reordered = {**ENV, "XLA_FLAGS": "--xla_cpu_enable_fast_math=false   --xla_dump_to=/tmp/x"}
+    assert digest(environ=reordered) == digest()
+    assert digest(environ={**ENV, "UNRELATED": "1"}) == digest()
+
+
+@pytest.mark.parametrize("package", ["torch", "torch_xla", "vllm", "libtpu"])
+def test_each_package_version_changes_the_digest(package, monkeypatch):
+    from aotc import fingerprint
+
+    real = fingerprint.package_version
+    monkeypatch.setattr(fingerprint, "package_version", lambda name: "9.9.9" if name == package else real(name))
+    patched = fingerprint_entry(BASE, ENV)
+    monkeypatch.setattr(fingerprint, "package_version", real)
+    assert patched.digest != digest()
+    assert patched.inputs["versions"][package] == "9.9.9"
+
+
+def test_local_model_config_content_changes_the_digest(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 64}))
+    text = f"models: [{{name: t, model: {model}, matrix: {{max_model_len: [128], max_num_seqs: [8], " \
+           "max_num_batched_tokens: [64]}}]"
+    before = fingerprint_entry(parse_matrix(text).entries[0], ENV)
+    (model / "config.json").write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 128}))
+    after = fingerprint_entry(parse_matrix(text).entries[0], ENV)
+    assert before.digest != after.digest
+    assert diff_inputs(before.inputs, after.inputs) == ["model_config_sha256"]
+
+
+def test_local_model_location_does_not_matter(tmp_path):
+    digests = set()
+    for where in ("a", "b"):
+        model = tmp_path / where / "tiny"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text('{"num_attention_heads": 4}')
+        text = f"models: [{{name: t, model: {model}, matrix: {{max_model_len: [128], max_num_seqs: [8], " \
+               "max_num_batched_tokens: [64]}}]"
+        digests.add(fingerprint_entry(parse_matrix(text).entries[0], ENV).digest)
+    assert len(digests) == 1
+
+
+def test_identical_across_processes():
+    code = ("import sys; from aotc.matrix import load_matrix; from aotc.fingerprint import fingerprint_entry;"
+            "m = load_matrix(sys.argv[1]); print(fingerprint_entry(m.entries[0], {}).digest)")
+    outs = {subprocess.run([sys.executable, "-c", code, str(CONFIGS / "example-tpu.yaml")], capture_output=True,
+                           text=True, cwd=cwd, check=True).stdout for cwd in (REPO, "/")}
+    assert len(outs) == 1 and len(outs.pop().strip()) == 64
+
+
+def test_cli_json_shows_inputs(capsys):
+    entry = "llama31-8b--len2048-seqs128-tok512-tp1"
+    assert main(["fingerprint", str(CONFIGS / "example-tpu.yaml"), "--entry", entry, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["entry"] == entry and len(doc["fingerprint"]) == 64
+    assert set(doc["inputs"]["versions"]) == {"torch", "torch_xla", "vllm", "libtpu"}
+    assert doc["inputs"]["versions"]["vllm"] == "0.13.0"
+    assert {"model", "revision", "engine", "env", "xla_flags", "tensor_parallel_size", "accelerator"} <= set(
+        doc["inputs"])

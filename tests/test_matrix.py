@@ -1,0 +1,100 @@
+"""The matrix: expansion, names, and a corpus of malformed configs, each with its own one-line reason."""
+
+from pathlib import Path
+
+import pytest
+
+from aotc.cli import main
+from aotc.errors import MatrixError
+from aotc.matrix import load_matrix, parse_matrix
+
+from .conftest import CONFIGS
+
+BAD = sorted((Path(__file__).parent / "bad_configs").glob("*.yaml"))
+
+MINIMAL = """
+models:
+  - name: m
+    model: org/model
+    matrix: {max_model_len: [128, 256], max_num_seqs: [8, 16], max_num_batched_tokens: [64], tensor_parallel_size: [1, 2]}
+"""
+
+
+def expected_reason(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), path
+    return first.removeprefix("# expect: ")
+
+
+def test_corpus_is_large_and_reasons_distinct():
+    assert len(BAD) >= 30
+    reasons = [expected_reason(p) for p in BAD]
+    assert len(set(reasons)) >= 30
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_malformed_config_rejected_with_one_line(path, capsys):
+    code = main(["plan", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"aotc: error: {path}"), lines[0]
+    assert expected_reason(path) in lines[0]
+    assert "Traceback" not in err
+
+
+def test_missing_config_file_is_bad_input(capsys):
+    assert main(["plan", "/nonexistent/matrix.yaml"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_cartesian_expansion_and_stable_names():
+    matrix = parse_matrix(MINIMAL)
+    assert matrix.names() == [
+        "m--len128-seqs8-tok64-tp1", "m--len128-seqs8-tok64-tp2", "m--len128-seqs16-tok64-tp1",
+        "m--len128-seqs16-tok64-tp2", "m--len256-seqs8-tok64-tp1", "m--len256-seqs8-tok64-tp2",
+        "m--len256-seqs16-tok64-tp1", "m--len256-seqs16-tok64-tp2",
+    ]
+    assert parse_matrix(MINIMAL).names() == matrix.names()
+
+
+def test_defaults_apply_and_models_override():
+    text = """
+defaults: {device: cpu, accelerator: v5e-4, engine: {block_size: 16}, env: {VLLM_TPU_BUCKET_PADDING_GAP: 64}}
+models:
+  - {name: a, model: x, matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+  - {name: b, model: y, device: tpu, env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {max_logprobs: 5},
+     matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+"""
+    a, b = parse_matrix(text).entries
+    assert (a.device, a.accelerator, a.runner, a.dtype) == ("cpu", "v5e-4", "vllm-tpu", "bfloat16")
+    assert a.env == {"VLLM_TPU_BUCKET_PADDING_GAP": 64} and a.engine == {"block_size": 16}
+    assert b.device == "tpu" and b.env == {"VLLM_TPU_BUCKET_PADDING_GAP": 0}
+    assert b.engine == {"block_size": 16, "max_logprobs": 5}
+
+
+def test_local_model_resolved_relative_to_config():
+    matrix = load_matrix(CONFIGS / "demo.yaml")
+    entry = matrix.entries[0]
+    assert entry.model_path == str((CONFIGS / "models" / "tiny-llama").resolve())
+    assert entry.device == "cpu"
+
+
+def test_example_configs_load():
+    example = load_matrix(CONFIGS / "example-tpu.yaml")
+    assert example.store == "gs://my-bucket/aotc"
+    assert len(example.entries) == 24
+    assert {e.model_name for e in example.entries} == {"llama31-8b", "qwen25-7b"}
+
+
+def test_matrix_error_is_a_value_error():
+    with pytest.raises(ValueError) as info:
+        parse_matrix("models: []", "x.yaml")
+    assert isinstance(info.value, MatrixError)
+    assert info.value.file == "x.yaml" and info.value.key_path == "models"
+
+
+def test_unknown_entry_is_bad_input(capsys):
+    assert main(["plan", str(CONFIGS / "demo.yaml"), "--entry", "nope"]) == 2
+    assert "no entry named 'nope'" in capsys.readouterr().err
