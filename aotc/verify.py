@@ -1,0 +1,132 @@
+"""``aotc verify``: a fresh process replays the buckets and random traffic on a read-only copy of the
+cache, and the verdict rests on what was compiled, not on what was hoped.
+
+Coverage and loadability are separate claims. ``misses == 0`` means every graph the server ran had
+its cache entry; ``loadable`` is true only when entries were really loaded. On torch_xla 2.9.0 the
+honest result is "covered, not loadable" (pytorch/xla#9094): the entries exist but cannot be
+deserialized, so a pod still compiles them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from aotc.build import RunnerFailed, run_runner
+from aotc.errors import BadInput, CheckFailed
+from aotc.manifest import CACHE_DIR_NAME, Manifest, VerifySummary
+from aotc.matrix import Entry
+from aotc.plan import plan_entry
+
+
+@dataclass(frozen=True)
+class FamilyCounts:
+    misses: int = 0
+    hits: int = 0
+    loads: int = 0
+    deserialize_failures: int = 0
+    new_files: int = 0
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    artifact_dir: str
+    entry: str
+    fingerprint: str
+    families: dict[str, FamilyCounts]
+    misses: int
+    missed: tuple[dict[str, Any], ...]
+    replayed_graphs: int
+    traffic_requests: int
+    loadable: bool
+    evidence: str = ""
+    seed: int = 0
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return self.misses == 0
+
+    @property
+    def verdict(self) -> str:
+        if not self.ok:
+            families = sorted({m["family"] for m in self.missed}) or sorted(
+                f for f, c in self.families.items() if c.misses)
+            return f"NOT COVERED: {self.misses} graph(s) missed the cache ({', '.join(families)})"
+        if self.loadable:
+            return "covered and loadable: every graph was found in the cache and loaded"
+        return ("covered, not loadable: every graph was found in the cache, but this stack could not load "
+                "the entries (torch_xla 2.9.0, pytorch/xla#9094), so a server still compiles them")
+
+    def summary(self) -> VerifySummary:
+        return VerifySummary(misses=self.misses, replayed_graphs=self.replayed_graphs,
+                             traffic_requests=self.traffic_requests, loadable=self.loadable)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "verdict": self.verdict, "artifact_dir": self.artifact_dir, "entry": self.entry,
+                "fingerprint": self.fingerprint, "misses": self.misses, "missed": list(self.missed),
+                "replayed_graphs": self.replayed_graphs, "traffic_requests": self.traffic_requests,
+                "loadable": self.loadable, "seed": self.seed, "evidence": self.evidence,
+                "families": {k: v.__dict__ for k, v in self.families.items()}, "warnings": list(self.warnings)}
+
+
+def entry_from_manifest(manifest: Manifest) -> Entry:
+    build = manifest.extra.get("build", {})
+    if "entry" not in build:
+        raise BadInput(f"manifest of {manifest.entry} has no build section; rebuild it with this aotc")
+    return Entry.from_dict(build["entry"])
+
+
+def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, record: bool = True) -> VerifyResult:
+    artifact = Path(artifact_dir)
+    manifest = Manifest.load(artifact)
+    if not (artifact / CACHE_DIR_NAME).is_dir():
+        raise BadInput(f"{artifact}: no {CACHE_DIR_NAME}/ directory")
+    plan = plan_entry(entry_from_manifest(manifest))
+    with tempfile.TemporaryDirectory(prefix="aotc-verify-") as work:
+        try:
+            raw = run_runner("verify", plan, artifact / CACHE_DIR_NAME, Path(work), traffic=traffic, seed=seed)
+        except RunnerFailed as exc:
+            raise CheckFailed(str(exc)) from None
+        if raw.get("error"):
+            raise CheckFailed(f"{manifest.entry}: verify could not run: {raw['error']}")
+    result = _result(artifact, manifest, raw, seed)
+    if record:
+        replace(manifest, verify=result.summary()).save(artifact)
+    return result
+
+
+def _result(artifact: Path, manifest: Manifest, raw: dict[str, Any], seed: int) -> VerifyResult:
+    families = {name: FamilyCounts(**{k: int(v or 0) for k, v in counts.items() if k in FamilyCounts.__annotations__})
+                for name, counts in raw.get("families", {}).items()}
+    misses = int(raw.get("misses", sum(c.misses for c in families.values())))
+    hits = sum(c.hits + c.loads for c in families.values())
+    failures = sum(c.deserialize_failures for c in families.values())
+    # never report a load that did not happen, whatever the runner believed
+    loadable = bool(raw.get("loadable")) and hits > 0 and failures == 0
+    return VerifyResult(artifact_dir=str(artifact), entry=manifest.entry, fingerprint=manifest.fingerprint,
+                        families=families, misses=misses, missed=tuple(raw.get("missed", [])),
+                        replayed_graphs=int(raw.get("replayed_graphs", 0)),
+                        traffic_requests=int(raw.get("traffic_requests", 0)), loadable=loadable,
+                        evidence=str(raw.get("evidence", "")), seed=seed, warnings=tuple(raw.get("warnings", [])))
+
+
+def render_verify(result: VerifyResult, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"aotc verify {result.entry}", title_justify="left")
+    for column in ("family", "misses", "hits", "loads", "deserialize failures", "new files"):
+        table.add_column(column, justify="left" if column == "family" else "right")
+    for name, c in result.families.items():
+        table.add_row(name, str(c.misses), str(c.hits), str(c.loads), str(c.deserialize_failures), str(c.new_files))
+    console.print(table)
+    console.print(f"replayed {result.replayed_graphs} graphs and {result.traffic_requests} random requests "
+                  f"(seed {result.seed})")
+    for miss in result.missed:
+        console.print(f"  missed: {miss.get('family')} {miss.get('shape', '')} {miss.get('key', '')}")
+    if result.evidence:
+        console.print(f"evidence: {result.evidence}")
+    style = "red" if not result.ok else ("green" if result.loadable else "yellow")
+    console.print(f"[{style}]{result.verdict}[/{style}]")
