@@ -13,7 +13,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError
+from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, NotFoundInStore
+
+ENV_REQUIRE = "AOTC_REQUIRE"  # fetch --optional: "1" turns a missing artifact back into exit 3
 
 
 class Output:
@@ -114,9 +116,31 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
         entry = matrix.entry(args.entry)
         config_store = matrix.store
     url = resolve_store_url(args.store, config_store)
-    result = fetch_artifact(url, args.dest, entry=entry, fingerprint=args.fingerprint,
-                            progress=progress_enabled())
+    optional = args.optional and not fetch_required()
+    try:
+        result = fetch_artifact(url, args.dest, entry=entry, fingerprint=args.fingerprint,
+                                progress=progress_enabled())
+    except NotFoundInStore as exc:
+        if not optional:
+            raise
+        return continue_without_artifact(exc, args.dest, out)
     out.emit(result.to_dict(), lambda: render_fetch(result, console()))
+    return 0
+
+
+def fetch_required() -> bool:
+    value = os.environ.get(ENV_REQUIRE, "").strip().lower()
+    if value not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise_usage(f"${ENV_REQUIRE} must be 1 or 0, got {value!r}")
+    return value in ("1", "true", "yes")
+
+
+def continue_without_artifact(exc: NotFoundInStore, dest: str, out: Output) -> int:
+    """fetch --optional: a pod starts and compiles, and its log says so once, loudly."""
+    print(f"aotc: warning: {exc}; continuing WITHOUT a compiled cache in {dest}: vLLM compiles every graph "
+          f"at start-up (fetch --optional; {ENV_REQUIRE}=1 makes this fatal)", file=sys.stderr)
+    if out.as_json:
+        out.emit({"fetched": False, "dest": dest, "reason": str(exc)})
     return 0
 
 
@@ -130,15 +154,17 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_gc(args: argparse.Namespace, out: Output) -> int:
-    from aotc.store import Store, render_gc, resolve_store_url
+    from aotc.store import DEFAULT_MIN_AGE, Store, render_gc, resolve_store_url
 
     url = resolve_store_url(args.store)
     store = Store.from_url(url)
-    strategy = store.scan().gc(keep=args.keep)
-    if not args.dry_run:
-        strategy.execute(store)
-    out.emit(strategy.to_dict() | {"dry_run": args.dry_run},
-             lambda: render_gc(strategy, args.dry_run, console()))
+    # blobs younger than this may belong to a publish in flight (see aotc/store.py, "gc safety")
+    min_age = float(os.environ.get("AOTC_GC_MIN_AGE_SECONDS", DEFAULT_MIN_AGE))
+    strategy = store.scan().gc(keep=args.keep, min_age=min_age)
+    report = None if args.dry_run else strategy.execute(store)
+    out.emit(strategy.to_dict() | {"dry_run": args.dry_run, "store": url,
+                                   "report": report.to_dict() if report else None},
+             lambda: render_gc(strategy, args.dry_run, console(), report))
     return 0
 
 
@@ -206,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fingerprint", metavar="FP")
     p.add_argument("--dest", required=True, metavar="DIR")
     p.add_argument("--store", metavar="URL")
+    p.add_argument("--optional", action="store_true",
+                   help=f"exit 0 when nothing is published for this engine, unless ${ENV_REQUIRE}=1")
 
     p = command("ls", cmd_ls, "list entries, fingerprints, sizes and dates in the store")
     p.add_argument("--store", metavar="URL")

@@ -1,0 +1,40 @@
+"""python -m tests.helpers.guard_engine ENTRY.json CACHE_DIR
+
+Starts vLLM on the CPU twin with VLLM_XLA_CACHE_PATH=CACHE_DIR (the way a pod would after
+``aotc fetch``), then sends one batch mixing greedy and random sampling: capture_model never
+traces that sampler variant, so it compiles after warm-up. Prints one marked JSON line with the outcome;
+the guard's log lines go to stderr with vLLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+OUTCOME = "AOTC_TEST_OUTCOME "  # vLLM logs to stdout too: the outcome line is marked
+
+def main() -> int:
+    entry_path, cache_dir = sys.argv[1:3]
+    with open(entry_path) as f:
+        entry = json.load(f)
+    from aotc.runners.vllm_tpu import engine
+
+    llm, _ = engine.start_engine(entry, cache_dir, seed=0)
+    from vllm import SamplingParams
+
+    prompts = [{"prompt_token_ids": [5 + i, 6, 7]} for i in range(3)]
+    params = [SamplingParams(max_tokens=2, ignore_eos=True, detokenize=False,
+                             temperature=0.0 if i % 2 == 0 else 0.8) for i in range(3)]
+    try:
+        llm.generate(prompts, params, use_tqdm=False)
+        outcome = {"raised": None}
+    except Exception as exc:  # strict mode: the guard's error, possibly wrapped by the engine
+        outcome = {"raised": f"{type(exc).__name__}: {exc}"}
+    print(OUTCOME + json.dumps(outcome), flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # vLLM's in-process engine can hang in interpreter teardown
+
+
+if __name__ == "__main__":
+    sys.exit(main())
