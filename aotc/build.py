@@ -210,7 +210,8 @@ def file_records(cache_dir: Path) -> tuple[FileRecord, ...]:
 def make_manifest(plan: BuildPlan, artifact_dir: Path, result: dict[str, Any], **build_options: Any) -> Manifest:
     entry = plan.entry
     fp = fingerprint_entry(entry, runner_env(entry))
-    graphs = tuple(GraphRecord.from_dict(g) for g in [*result.get("graphs", []), *result.get("runtime", [])])
+    recorded = [*result.get("startup", []), *result.get("graphs", []), *result.get("runtime", [])]
+    graphs = tuple(GraphRecord.from_dict(g) for g in recorded)
     return Manifest(
         entry=entry.name, fingerprint=fp.digest, inputs=fp.inputs,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), aotc_version=__version__,

@@ -35,7 +35,9 @@ class Output:
 def console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    # piped output keeps whole table rows instead of rich's 80-column default
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 160)
 
 
 def progress_enabled() -> bool:

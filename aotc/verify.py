@@ -23,11 +23,22 @@ from aotc.plan import plan_entry
 
 @dataclass(frozen=True)
 class FamilyCounts:
+    """Per graph family. ``found``: the graph's entry was in the cache (loaded or not);
+    ``loads``: torch_xla's PersistentCacheHit, an executable really deserialized and used."""
+
     misses: int = 0
-    hits: int = 0
+    found: int = 0
     loads: int = 0
     deserialize_failures: int = 0
     new_files: int = 0
+    rewritten_files: int = 0
+    compiles: int = 0
+
+    @classmethod
+    def from_runner(cls, counts: dict[str, Any]) -> FamilyCounts:
+        # runners say "hits" for entries found in the cache, as torch_xla's persistent cache does
+        renamed = {("found" if k == "hits" else k): int(v or 0) for k, v in counts.items()}
+        return cls(**{k: v for k, v in renamed.items() if k in cls.__annotations__})
 
 
 @dataclass(frozen=True)
@@ -99,13 +110,12 @@ def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, 
 
 
 def _result(artifact: Path, manifest: Manifest, raw: dict[str, Any], seed: int) -> VerifyResult:
-    families = {name: FamilyCounts(**{k: int(v or 0) for k, v in counts.items() if k in FamilyCounts.__annotations__})
-                for name, counts in raw.get("families", {}).items()}
+    families = {name: FamilyCounts.from_runner(counts) for name, counts in raw.get("families", {}).items()}
     misses = int(raw.get("misses", sum(c.misses for c in families.values())))
-    hits = sum(c.hits + c.loads for c in families.values())
+    loads = sum(c.loads for c in families.values())
     failures = sum(c.deserialize_failures for c in families.values())
     # never report a load that did not happen, whatever the runner believed
-    loadable = bool(raw.get("loadable")) and hits > 0 and failures == 0
+    loadable = bool(raw.get("loadable")) and loads > 0 and failures == 0
     return VerifyResult(artifact_dir=str(artifact), entry=manifest.entry, fingerprint=manifest.fingerprint,
                         families=families, misses=misses, missed=tuple(raw.get("missed", [])),
                         replayed_graphs=int(raw.get("replayed_graphs", 0)),
@@ -117,10 +127,10 @@ def render_verify(result: VerifyResult, console) -> None:
     from rich.table import Table
 
     table = Table(title=f"aotc verify {result.entry}", title_justify="left")
-    for column in ("family", "misses", "hits", "loads", "deserialize failures", "new files"):
+    for column in ("family", "misses", "found in cache", "loaded", "deserialize failures", "XLA compiles"):
         table.add_column(column, justify="left" if column == "family" else "right")
     for name, c in result.families.items():
-        table.add_row(name, str(c.misses), str(c.hits), str(c.loads), str(c.deserialize_failures), str(c.new_files))
+        table.add_row(name, str(c.misses), str(c.found), str(c.loads), str(c.deserialize_failures), str(c.compiles))
     console.print(table)
     console.print(f"replayed {result.replayed_graphs} graphs and {result.traffic_requests} random requests "
                   f"(seed {result.seed})")

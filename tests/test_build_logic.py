@@ -48,7 +48,7 @@ def manifest():
 
 
 def test_verdict_never_claims_a_load_that_did_not_happen():
-    raw = {"families": {"backbone": {"misses": 0, "hits": 0, "loads": 0, "deserialize_failures": 6}},
+    raw = {"families": {"backbone": {"misses": 0, "hits": 6, "loads": 0, "deserialize_failures": 6}},
            "misses": 0, "loadable": True, "replayed_graphs": 6}
     result = _result(None, manifest(), raw, seed=1)
     assert result.ok and not result.loadable

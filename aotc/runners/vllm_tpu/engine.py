@@ -1,0 +1,127 @@
+"""Entry -> process environment and vLLM engine arguments.
+
+`device: tpu` is vLLM's own start-up with VLLM_XLA_CACHE_PATH at the staging
+dir (vLLM writes `tp<N>_rank<r>/` under it) and the measuring worker.
+`device: cpu` is the same plus the CPU-twin platform plugin, which vLLM only
+activates when AOTC_CPU_TWIN=1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from .cpu_platform import ENV_FLAG as TWIN_FLAG
+
+TPU_WORKER = "aotc.runners.vllm_tpu.worker.AotcTPUWorker"
+CPU_WORKER = "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
+DEVICE_NAME_ENV = "AOTC_TWIN_DEVICE_NAME"  # read by twin_platform
+
+
+def device_name(accelerator: str) -> str:
+    """'v6e-8' -> 'TPU V6E', the name tpu_info would report for that chip."""
+    return "TPU " + accelerator.split("-", 1)[0].upper()
+
+
+def check_entry(entry: dict[str, Any]) -> None:
+    if entry["device"] not in ("cpu", "tpu"):
+        raise ValueError(f"unknown device {entry['device']!r}")
+    if entry["device"] == "cpu" and entry["tensor_parallel_size"] != 1:
+        # Each rank would get its own PJRT CPU client with ordinal 0, so ranks
+        # would share tp<N>_rank0 and no collective would run: not a TPU's graphs.
+        raise ValueError("device cpu supports tensor_parallel_size 1 only")
+
+
+def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
+    """Variables to set (None = unset) before vLLM is imported."""
+    check_entry(entry)
+    env: dict[str, str | None] = {
+        # In-process engine: the driver reads the worker through collective_rpc
+        # and the whole start-up is one process to measure.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_XLA_CACHE_PATH": cache_dir,
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if entry.get("model_path"):
+        env["HF_HUB_OFFLINE"] = "1"
+    if entry["device"] == "cpu":
+        env.update(
+            {
+                TWIN_FLAG: "1",
+                "PJRT_DEVICE": "CPU",
+                DEVICE_NAME_ENV: device_name(entry["accelerator"]),
+                # Single-host gloo rendezvous; keeps the twin off the network.
+                "VLLM_HOST_IP": "127.0.0.1",
+            }
+        )
+    else:
+        # Never let the twin platform activate on a real TPU host.
+        env[TWIN_FLAG] = None
+    return env
+
+
+def apply_env(env: dict[str, str | None]) -> None:
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        # a local model's path is relative to its matrix file; model_path is that, resolved
+        "model": entry.get("model_path") or entry["model"],
+        "max_model_len": entry["max_model_len"],
+        "max_num_seqs": entry["max_num_seqs"],
+        "max_num_batched_tokens": entry["max_num_batched_tokens"],
+        "tensor_parallel_size": entry["tensor_parallel_size"],
+        "dtype": entry["dtype"],
+        # Graphs depend on shapes and dtypes, never on weight values.
+        "load_format": "dummy",
+        # Prompts are token ids; the tokenizer changes no graph.
+        "skip_tokenizer_init": True,
+        "seed": seed,
+        "worker_cls": CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER,
+        "disable_log_stats": True,
+    }
+    if not entry.get("model_path") and entry.get("revision"):
+        args["revision"] = entry["revision"]
+    args.update(entry.get("engine") or {})
+    return args
+
+
+def start_engine(entry: dict[str, Any], cache_dir: str, seed: int):
+    """Start vLLM in-process; returns (llm, seconds)."""
+    apply_env(runtime_env(entry, cache_dir))
+    started = time.perf_counter()
+    from vllm import LLM
+
+    llm = LLM(**engine_args(entry, seed))
+    return llm, time.perf_counter() - started
+
+
+def worker_records(llm) -> tuple[list[dict], dict[str, Any]]:
+    """All ranks' measurement records; counters summed over ranks.
+
+    Counters are the accumulated ones (see probe.Counters) plus, under
+    "raw_counters", torch_xla's own values, which dynamo resets mid-run.
+    """
+    records: list[dict] = []
+    counters: dict[str, Any] = {"raw_counters": {}}
+    for rank_result in llm.collective_rpc("aotc_records"):
+        records.extend(rank_result["records"])
+        _add_into(counters, rank_result["counters"])
+        _add_into(counters["raw_counters"], rank_result.get("raw_counters", {}))
+    return records, counters
+
+
+def _add_into(total: dict, values: dict) -> None:
+    for name, value in values.items():
+        total[name] = total.get(name, 0) + value
+
+
+def vocab_size(llm) -> int:
+    return llm.llm_engine.model_config.get_vocab_size()

@@ -1,0 +1,214 @@
+"""vLLM's TPUWorker with per-call measurement, and its PJRT-CPU twin.
+
+`AotcTPUWorker` changes nothing vLLM does; it wraps the runner's own
+`capture_model` steps and the runtime step so every cache file can be tied to
+the call (family + shape) that first wrote it. `CpuTwinWorker` additionally
+keeps the XLA runtime on the CPU and replaces the HBM query with a fixed budget.
+The driver reads the measurements back with `collective_rpc("aotc_records")`,
+which works the same in-process (tp=1) and across worker processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
+
+import vllm.envs as envs
+from vllm.utils.math_utils import cdiv
+from vllm.v1.worker import tpu_model_runner as tmr
+from vllm.v1.worker.tpu_worker import TPUWorker
+
+from .probe import STDERR_LOG_ENV, Probe
+
+# capture_model's steps, in vLLM's order, under the plan's family names.
+PRECOMPILE_FAMILIES = (
+    ("_precompile_mm_encoder", "mm_encoder"),
+    ("_precompile_backbone", "backbone"),
+    ("_precompile_select_hidden_states", "select_hidden_states"),
+    ("_precompile_compute_logits", "compute_logits"),
+    ("_precompile_structured_decoding", "structured_decoding"),
+    ("_precompile_sample_from_logits", "sample_from_logits"),
+    ("_precompile_gather_logprobs", "gather_logprobs"),
+)
+
+
+def _backbone_shape(num_tokens, num_reqs, num_blocks):
+    return {"num_tokens": num_tokens, "num_reqs": num_reqs, "num_blocks": num_blocks}
+
+
+def _select_shape(hidden_states, indices):
+    return {"num_tokens": int(hidden_states.shape[0]), "num_reqs": int(indices.shape[0])}
+
+
+def _reqs_of(position: int) -> Callable[..., dict]:
+    return lambda *args: {"num_reqs": int(args[position].shape[0])}
+
+
+def _sample_shape(logits, metadata):
+    return {"num_reqs": int(logits.shape[0]), "all_greedy": bool(metadata.all_greedy)}
+
+
+# Runner attribute -> (family, shape from the call's positional arguments).
+GRAPH_CALLS: dict[str, tuple[str, Callable[..., dict]]] = {
+    "_dummy_run": ("backbone", _backbone_shape),
+    "select_hidden_states": ("select_hidden_states", _select_shape),
+    "compute_logits": ("compute_logits", _reqs_of(0)),
+    "structured_decode": ("structured_decoding", _reqs_of(2)),
+    "sample_from_logits_func": ("sample_from_logits", _sample_shape),
+    "gather_logprobs": ("gather_logprobs", _reqs_of(0)),
+}
+
+
+def _wait_device() -> None:
+    # Waits for queued executions only; unlike torch_xla.sync() it cannot cut
+    # a lazy graph differently from an uninstrumented run.
+    import torch_xla.core.xla_model as xm
+
+    xm.wait_device_ops()
+
+
+class AotcTPUWorker(TPUWorker):
+    probe: Probe | None = None
+    _scheduled: tuple[int, int] = (0, 0)
+
+    def init_device(self) -> None:
+        super().init_device()
+        if envs.VLLM_XLA_CACHE_PATH:
+            import torch_xla.runtime as xr
+
+            subdir = f"tp{self.parallel_config.world_size}_rank{xr.global_ordinal()}"
+            os.makedirs(os.path.join(envs.VLLM_XLA_CACHE_PATH, subdir), exist_ok=True)
+            # Ranks share the inherited stderr file; one reader avoids counting
+            # every warning once per rank.
+            log = os.environ.get(STDERR_LOG_ENV) if self.rank == 0 else None
+            self.probe = Probe(envs.VLLM_XLA_CACHE_PATH, subdir, _wait_device, log)
+
+    def _measured(self, kind: str, family: str, fn: Callable, *args, **kwargs):
+        if self.probe is None:
+            return fn(*args, **kwargs)
+        with self.probe.window(kind, family):
+            return fn(*args, **kwargs)
+
+    def load_model(self) -> None:
+        self._measured("phase", "load_model", super().load_model)
+
+    def determine_available_memory(self) -> int:
+        return self._measured("phase", "profile_run", super().determine_available_memory)
+
+    def initialize_from_config(self, kv_cache_config) -> None:
+        self._measured("phase", "kv_cache", super().initialize_from_config, kv_cache_config)
+
+    def compile_or_warm_up_model(self) -> None:
+        if self.probe is not None:
+            self._instrument_runner()
+            self.probe.phase = "capture"
+        try:
+            self._measured("phase", "capture_model", super().compile_or_warm_up_model)
+        finally:
+            if self.probe is not None:
+                self.probe.phase = "runtime"
+
+    def execute_model(self, scheduler_output):
+        self._scheduled = (
+            len(scheduler_output.num_scheduled_tokens),
+            scheduler_output.total_num_scheduled_tokens,
+        )
+        return self._step("execute_model", super().execute_model, scheduler_output)
+
+    def sample_tokens(self, grammar_output):
+        return self._step("sample_tokens", super().sample_tokens, grammar_output)
+
+    def aotc_records(self) -> dict[str, Any]:
+        """Everything measured so far, plus files no window saw (RPC target)."""
+        if self.probe is None:
+            return {"records": [], "counters": {}}
+        records = [r.as_dict() for r in self.probe.records]
+        records.append(self.probe.unattributed().as_dict())
+        return {"records": records, "counters": self.probe.counters.read(), "raw_counters": _raw_counters()}
+
+    def _step(self, what: str, fn: Callable, arg):
+        if self.probe is None:
+            return fn(arg)
+        with self.probe.window("step", "runtime") as shape:
+            result = fn(arg)
+            shape.update(_step_shape(self.model_runner, what, *self._scheduled))
+            return result
+
+    def _instrument_runner(self) -> None:
+        runner = self.model_runner
+        for attr, family in PRECOMPILE_FAMILIES:
+            setattr(runner, attr, self._wrap(getattr(runner, attr), "family", family, None))
+        for attr, (family, shape_of) in GRAPH_CALLS.items():
+            setattr(runner, attr, self._wrap(getattr(runner, attr), "call", family, shape_of))
+
+    def _wrap(self, fn: Callable, kind: str, family: str, shape_of: Callable | None):
+        probe = self.probe
+
+        @functools.wraps(fn)
+        def measured(*args, **kwargs):
+            shape = shape_of(*args, **kwargs) if shape_of else {}
+            with probe.window(kind, family, shape):
+                return fn(*args, **kwargs)
+
+        return measured
+
+
+def _raw_counters() -> dict[str, int]:
+    import torch_xla.debug.metrics as met
+
+    return {name: met.counter_value(name) for name in met.counter_names()}
+
+
+def _step_shape(runner, what: str, num_reqs: int, num_tokens: int) -> dict[str, Any]:
+    """Shape and sampling mix of a runtime step, padded the way the runner pads."""
+    batch = runner.input_batch
+    sampling = "greedy" if batch.all_greedy else "random" if batch.all_random else "greedy+random"
+    return {
+        "what": what,
+        "num_reqs": num_reqs,
+        "padded_num_reqs": tmr._get_padded_num_reqs_with_upper_limit(max(num_reqs, 1), runner.max_num_reqs),
+        "num_tokens": num_tokens,
+        "padded_num_tokens": tmr._get_padded_token_len(runner.num_tokens_paddings, max(num_tokens, 1)),
+        "sampling": sampling,
+        "logprobs": bool(batch.max_num_logprobs),
+    }
+
+
+class CpuTwinWorker(AotcTPUWorker):
+    """The TPU worker on PJRT CPU: same runner, same graphs, no TPU."""
+
+    # Blocks per request slot beyond the full-length need; keeps the budget
+    # deterministic so build and verify see the same KV-cache shape.
+    KV_BLOCKS_ENV = "AOTC_CPU_KV_BLOCKS"
+
+    def init_device(self) -> None:
+        # TPUWorker.init_device sets PJRT_DEVICE=TPU before touching the
+        # runtime; creating the client first pins it to the CPU.
+        os.environ["PJRT_DEVICE"] = "CPU"
+        import torch_xla
+
+        torch_xla.device()
+        super().init_device()
+
+    def determine_available_memory(self) -> int:
+        import torch_xla.core.xla_model as xm
+
+        # Keep vLLM's profiling run (it compiles a graph a TPU pod compiles
+        # too); only the HBM query, which the CPU client cannot answer, is faked.
+        no_hbm = {"bytes_limit": 0, "bytes_used": 0}
+        with mock.patch.object(xm, "get_memory_info", lambda device: no_hbm):
+            super().determine_available_memory()
+        return self.kv_budget_blocks() * self._bytes_per_block()
+
+    def kv_budget_blocks(self) -> int:
+        if os.environ.get(self.KV_BLOCKS_ENV):
+            return int(os.environ[self.KV_BLOCKS_ENV])
+        blocks_per_req = cdiv(self.model_config.max_model_len, self.cache_config.block_size)
+        # +1: vLLM reserves block 0 as the null block.
+        return self.scheduler_config.max_num_seqs * blocks_per_req + 1
+
+    def _bytes_per_block(self) -> int:
+        return sum(spec.page_size_bytes for spec in self.model_runner.get_kv_cache_spec().values())

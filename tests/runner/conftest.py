@@ -1,0 +1,136 @@
+"""Shared helpers for the vllm-tpu runner tests: demo entries, vLLM-derived plans, runner calls."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_LLAMA = REPO / "configs" / "models" / "tiny-llama"
+RUNNER_TIMEOUT = 900
+
+DEMO_ENTRY = {
+    "name": "demo--len128-seqs8-tok64-tp1",
+    "model": str(TINY_LLAMA),
+    "revision": "main",
+    "runner": "vllm-tpu",
+    "device": "cpu",
+    "accelerator": "v6e-1",
+    "dtype": "bfloat16",
+    "max_model_len": 128,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 64,
+    "tensor_parallel_size": 1,
+    "engine": {"block_size": 16},
+    "env": {"VLLM_TPU_BUCKET_PADDING_GAP": 0},
+}
+
+
+def demo_entry(**env) -> dict:
+    entry = copy.deepcopy(DEMO_ENTRY)
+    entry["env"].update(env)
+    return entry
+
+
+def vllm_plan(entry: dict) -> list[dict]:
+    """capture_model's graphs for an entry, from vLLM's own padding functions."""
+    from vllm.utils.math_utils import cdiv
+    from vllm.v1.attention.backends.pallas import PallasAttentionBackend
+    from vllm.v1.worker import tpu_model_runner as tmr
+
+    max_reqs = max(entry["max_num_seqs"], tmr.MIN_NUM_SEQS)
+    cfg = SimpleNamespace(model_config=SimpleNamespace(max_model_len=entry["max_model_len"]))
+    page = PallasAttentionBackend.get_page_size(cfg)
+    gap = int(entry["env"].get("VLLM_TPU_BUCKET_PADDING_GAP", 0))
+    tokens = tmr._get_token_paddings(16, entry["max_num_batched_tokens"], gap)
+    reqs = tmr._get_req_paddings(tmr.MIN_NUM_SEQS, max_reqs)
+    backbone_reqs = min(PallasAttentionBackend.get_max_num_seqs(entry["max_model_len"], page), max_reqs)
+    blocks = cdiv(entry["max_model_len"], page)
+
+    plan = [{"family": "backbone", "shape": {"num_tokens": t, "num_reqs": backbone_reqs, "num_blocks": blocks}}
+            for t in tokens]
+    for t in tokens:
+        for r in reqs:
+            plan.append({"family": "select_hidden_states", "shape": {"num_tokens": t, "num_reqs": r}})
+            if r >= min(t, max_reqs):  # the runner's early break
+                break
+    plan += [{"family": "compute_logits", "shape": {"num_reqs": r}} for r in reqs]
+    plan += [{"family": "structured_decoding", "shape": {"num_reqs": r}} for r in reqs]
+    plan += [{"family": "sample_from_logits", "shape": {"num_reqs": r, "all_greedy": g}}
+             for r in reqs for g in (False, True)]
+    plan += [{"family": "gather_logprobs", "shape": {"num_reqs": r}} for r in reqs]
+    return plan
+
+
+@dataclass
+class RunnerRun:
+    returncode: int
+    result: dict
+    log: Path
+    request: dict
+
+
+def run_runner(mode: str, request: dict, workdir: Path) -> RunnerRun:
+    """`python -m aotc.runners.vllm_tpu` in a fresh process, as the core calls it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    req_path, res_path, log = workdir / f"{mode}-request.json", workdir / f"{mode}-result.json", workdir / f"{mode}.log"
+    req_path.write_text(json.dumps(request))
+    env = {**os.environ, **{k: str(v) for k, v in request["entry"]["env"].items()}}
+    with open(log, "w") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "aotc.runners.vllm_tpu", mode, str(req_path), str(res_path)],
+            stdout=out, stderr=subprocess.STDOUT, env=env, timeout=RUNNER_TIMEOUT,
+        )
+    result = json.loads(res_path.read_text()) if res_path.exists() else {}
+    return RunnerRun(proc.returncode, result, log, request)
+
+
+def build(entry: dict, workdir: Path, traffic: int = 32, seed: int = 0) -> RunnerRun:
+    request = {"entry": entry, "plan": vllm_plan(entry), "cache_dir": str(workdir / "cache"),
+               "traffic": traffic, "seed": seed}
+    return run_runner("build", request, workdir)
+
+
+def verify(build_run: RunnerRun, workdir: Path, cache_dir: Path | None = None,
+           traffic: int = 32, seed: int = 0) -> RunnerRun:
+    request = {**build_run.request, "cache_dir": str(cache_dir or build_run.request["cache_dir"]),
+               "traffic": traffic, "seed": seed}
+    return run_runner("verify", request, workdir)
+
+
+def cache_files(cache_dir: Path) -> dict[str, tuple[int, int]]:
+    return {p.relative_to(cache_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in cache_dir.rglob("*") if p.is_file()}
+
+
+def copy_cache(src: str, dest: Path) -> Path:
+    return Path(shutil.copytree(src, dest))
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory) -> RunnerRun:
+    run = build(demo_entry(), tmp_path_factory.mktemp("demo-build"))
+    assert run.returncode == 0, f"demo build failed: {run.result.get('error')} (log: {run.log})"
+    return run
+
+
+# A seed the build (seed 0) did not use, and more requests than the build sent.
+VERIFY_SEED, VERIFY_TRAFFIC = 1234, 48
+
+
+@pytest.fixture(scope="session")
+def demo_verify(demo_build, tmp_path_factory) -> tuple[RunnerRun, dict, dict]:
+    """(verify run, artifact files before, artifact files after)."""
+    cache = Path(demo_build.request["cache_dir"])
+    before = cache_files(cache)
+    run = verify(demo_build, tmp_path_factory.mktemp("demo-verify"), traffic=VERIFY_TRAFFIC, seed=VERIFY_SEED)
+    return run, before, cache_files(cache)

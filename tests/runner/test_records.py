@@ -1,0 +1,96 @@
+"""Plan matching and verify bookkeeping on synthetic worker records (no torch)."""
+
+from __future__ import annotations
+
+from aotc.runners.vllm_tpu.build import match_plan
+from aotc.runners.vllm_tpu.records import runtime_graphs
+from aotc.runners.vllm_tpu.verify import family_table, missed
+
+
+def rec(phase, kind, family, shape=None, new=(), rewritten=(), **stats):
+    return {"phase": phase, "kind": kind, "family": family, "shape": shape or {}, "new": list(new),
+            "rewritten": list(rewritten), "stats": stats, "seconds": 0.0}
+
+
+PLAN = [
+    {"family": "backbone", "shape": {"num_tokens": 16, "num_reqs": 8, "num_blocks": 8}},
+    {"family": "compute_logits", "shape": {"num_reqs": 8}},
+]
+
+
+def test_match_plan_ties_keys_to_planned_calls_in_plan_order():
+    recs = [
+        rec("capture", "call", "compute_logits", {"num_reqs": 8}, new=["r/b"], CompileSeconds=0.5),
+        rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/a"]),
+    ]
+    graphs, unplanned, errors = match_plan(PLAN, recs)
+    assert [g["keys"] for g in graphs] == [["r/a"], ["r/b"]]
+    assert graphs[1]["compile_seconds"] == 0.5
+    assert unplanned == [] and errors == []
+
+
+def test_match_plan_fails_on_empty_or_missing_planned_graph():
+    recs = [rec("capture", "call", "backbone", PLAN[0]["shape"])]
+    _, _, errors = match_plan(PLAN, recs)
+    assert any("produced no cache file" in e for e in errors)
+    assert any("never called" in e and "compute_logits" in e for e in errors)
+
+
+def test_match_plan_flags_unplanned_capture_compiles():
+    recs = [
+        rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/a"]),
+        rec("capture", "call", "compute_logits", {"num_reqs": 8}, new=["r/b"]),
+        rec("capture", "call", "compute_logits", {"num_reqs": 16}, new=["r/c"]),
+        rec("capture", "family", "compute_logits", new=["r/d"]),
+    ]
+    _, unplanned, errors = match_plan(PLAN, recs)
+    assert [u["keys"] for u in unplanned] == [["r/c"], ["r/d"]]
+    assert len(errors) == 2
+
+
+def test_runtime_calls_inherit_their_step_shape():
+    step = {"what": "sample_tokens", "num_reqs": 3, "sampling": "greedy+random"}
+    recs = [
+        rec("runtime", "call", "sample_from_logits", {"num_reqs": 8, "all_greedy": False}, new=["r/x"]),
+        rec("runtime", "step", "runtime", step),
+    ]
+    (graph,) = runtime_graphs(recs)
+    assert graph["shape"]["what"] == "sample_tokens/sample_from_logits"
+    assert graph["shape"]["sampling"] == "greedy+random" and graph["keys"] == ["r/x"]
+
+
+def test_verify_counts_new_files_as_misses_and_rewrites_as_failed_loads():
+    recs = [
+        rec("startup", "phase", "load_model", rewritten=["r/w"], PersistentCacheDeserializeFailure=1),
+        rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/new"], rewritten=["r/b"],
+            PersistentCacheDeserializeFailure=1, UncachedCompile=2),
+        rec("runtime", "step", "runtime", {"what": "sample_tokens"}, PersistentCacheHit=1),
+    ]
+    table = family_table(recs)
+    assert table["backbone"] | {} == {"misses": 1, "hits": 1, "loads": 0, "deserialize_failures": 1,
+                                      "new_files": 1, "rewritten_files": 1, "compiles": 2}
+    assert table["startup"]["hits"] == 1 and table["runtime"]["loads"] == 1
+    assert missed(recs) == [{"family": "backbone", "shape": PLAN[0]["shape"], "key": "r/new"}]
+
+
+def test_verdict_fails_on_misses_and_on_compiles_that_left_no_cache_trace():
+    from aotc.runners.vllm_tpu.verify import verdict
+
+    clean = [rec("capture", "call", "backbone", PLAN[0]["shape"], rewritten=["r/a"], UncachedCompile=1)]
+    assert verdict(family_table(clean), missed(clean)) is None
+    stray = [rec("runtime", "step", "runtime", {"what": "sample_tokens"}, UncachedCompile=1)]
+    assert "bypassed the persistent cache" in verdict(family_table(stray), missed(stray))
+    miss = [rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/n"], UncachedCompile=1)]
+    assert verdict(family_table(miss), missed(miss)) == "1 graph(s) missed the cache in: backbone"
+
+
+def test_runner_rejects_a_bad_request_with_exit_2(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"entry": {"model": "x"}, "plan": []}))
+    proc = subprocess.run([sys.executable, "-m", "aotc.runners.vllm_tpu", "build", str(req), str(tmp_path / "r.json")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "missing" in proc.stderr
