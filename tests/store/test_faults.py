@@ -1,0 +1,77 @@
+"""A flaky network between gcsfs and the server: retry and succeed, or fail cleanly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from aotc.errors import IntegrityError
+from aotc.fetch import fetch_artifact
+from aotc.manifest import Manifest
+from aotc.publish import PUBLISHED, publish_artifacts
+from aotc.store import Store
+from tests.helpers.artifacts import expected_dest, random_files, tree
+from tests.store.conftest import new_bucket
+
+DOWNLOAD = "/download/storage/v1/"
+UPLOAD = "/upload/storage/v1/"
+LISTING = r"/o\?"  # object listings: /storage/v1/b/<bucket>/o?prefix=…
+OBJECT_GET = "/download/.*objects%2Fsha256"  # gcsfs quotes the key into the URL
+MANIFEST_GET = "/download/.*manifests%2F"
+
+
+@pytest.fixture
+def url(gcs_server, proxy) -> str:
+    return f"gs://{new_bucket(gcs_server)}/store"
+
+
+@pytest.fixture
+def art(artifacts):
+    return artifacts(files=random_files(10, seed=5) | {"tp1_rank0/big": os.urandom(3 << 20)})
+
+
+def test_fetch_survives_503_resets_and_short_bodies(url, art, proxy, tmp_path):
+    publish_artifacts([str(art)], url)
+    proxy.add("503", DOWNLOAD, per_path=True)  # every object's first GET
+    proxy.add("reset", DOWNLOAD, times=3)
+    proxy.add("reset_mid", DOWNLOAD, times=2)
+    proxy.add("truncate", MANIFEST_GET, times=1)  # 200 with half the body: only the parser sees it
+    proxy.add("truncate", OBJECT_GET, times=2)  # ... only the size/sha check sees it
+    result = fetch_artifact(url, str(tmp_path / "dest"), fingerprint=Manifest.load(art).fingerprint,
+                            chunk_size=1 << 20)
+    assert tree(tmp_path / "dest") == expected_dest(art)
+    assert proxy.injected["503"] >= 11 and proxy.injected["truncate"] == 3
+    assert result.retried_objects >= 1
+
+
+def test_publish_survives_503s_and_a_lost_create_reply(url, art, proxy):
+    proxy.add("503", LISTING, times=2)
+    proxy.add("503", UPLOAD, times=5, every=2)
+    proxy.add("reset", UPLOAD, times=2, every=3)
+    proxy.add("drop_response", "ifGenerationMatch=0", times=1)  # the manifest is created, the reply lost
+    [result] = publish_artifacts([str(art)], url)
+    assert result.status == PUBLISHED and proxy.injected["drop_response"] == 1
+    proxy.clear()
+    store = Store.from_url(url)
+    assert not store.scan().warnings
+
+
+def test_a_body_short_on_every_attempt_is_an_integrity_error(url, art, proxy, tmp_path):
+    publish_artifacts([str(art)], url)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "keep").write_bytes(b"old")
+    proxy.add("truncate", OBJECT_GET, times=1000)
+    with pytest.raises(IntegrityError, match="after 3 attempts"):
+        fetch_artifact(url, str(dest), fingerprint=Manifest.load(art).fingerprint)
+    assert tree(dest) == {"keep": b"old"} and sorted(os.listdir(tmp_path)) == ["artifacts", "dest"]
+
+
+def test_a_server_that_keeps_failing_fails_the_fetch_cleanly(url, art, proxy, tmp_path):
+    publish_artifacts([str(art)], url)
+    proxy.add("503", DOWNLOAD, times=10_000)
+    with pytest.raises(Exception, match="503|injected") as info:
+        fetch_artifact(url, str(tmp_path / "dest"), fingerprint=Manifest.load(art).fingerprint)
+    assert not isinstance(info.value, (IntegrityError, FileNotFoundError))
+    assert sorted(os.listdir(tmp_path)) == ["artifacts"]
