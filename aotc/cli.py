@@ -161,7 +161,10 @@ def cmd_gc(args: argparse.Namespace, out: Output) -> int:
     url = resolve_store_url(args.store)
     store = Store.from_url(url)
     # blobs younger than this may belong to a publish in flight (see aotc/store.py, "gc safety")
-    min_age = float(os.environ.get("AOTC_GC_MIN_AGE_SECONDS", DEFAULT_MIN_AGE))
+    min_age = args.min_age if args.min_age is not None else float(
+        os.environ.get("AOTC_GC_MIN_AGE_SECONDS", DEFAULT_MIN_AGE))
+    if args.keep < 0 or min_age < 0:
+        raise_usage("gc needs --keep >= 0 and --min-age >= 0")
     strategy = store.scan().gc(keep=args.keep, min_age=min_age)
     report = None if args.dry_run else strategy.execute(store)
     out.emit(strategy.to_dict() | {"dry_run": args.dry_run, "store": url,
@@ -244,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL")
     p.add_argument("--keep", type=int, default=2, metavar="N")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--min-age", type=float, default=None, metavar="SECONDS",
+                   help="never delete an unreferenced object younger than this (default 3600; "
+                        "env AOTC_GC_MIN_AGE_SECONDS)")
 
     p = command("fingerprint", cmd_fingerprint, "print an entry's fingerprint and its inputs")
     p.add_argument("config")

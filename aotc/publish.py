@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from aotc.errors import IntegrityError
+from aotc.errors import CheckFailed, IntegrityError
 from aotc.manifest import CACHE_DIR_NAME, Manifest
 from aotc.store import (
     Meter,
@@ -68,6 +68,10 @@ class LocalArtifact:
 
 def load_artifact(artifact_dir: str, workers: int = 4) -> LocalArtifact:
     manifest = Manifest.load(artifact_dir)
+    if manifest.verify and manifest.verify.misses:
+        # a pod would compile those graphs mid-serving: a failed verify publishes nothing
+        raise CheckFailed(f"{artifact_dir}: verify found {manifest.verify.misses} cache miss(es); "
+                          "rebuild, re-run aotc verify, then publish")
     check_name(manifest.entry, "entry name")
     check_name(manifest.fingerprint, "fingerprint")
     cache = Path(artifact_dir) / CACHE_DIR_NAME

@@ -55,17 +55,20 @@ class VerifyResult:
     evidence: str = ""
     seed: int = 0
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    problem: str | None = None  # the runner's own failure verdict, e.g. a compile that bypassed the cache
 
     @property
     def ok(self) -> bool:
-        return self.misses == 0
+        return self.misses == 0 and not self.problem
 
     @property
     def verdict(self) -> str:
-        if not self.ok:
+        if self.misses:
             families = sorted({m["family"] for m in self.missed}) or sorted(
                 f for f, c in self.families.items() if c.misses)
             return f"NOT COVERED: {self.misses} graph(s) missed the cache ({', '.join(families)})"
+        if self.problem:
+            return f"NOT COVERED: {self.problem}"
         if self.loadable:
             return "covered and loadable: every graph was found in the cache and loaded"
         return ("covered, not loadable: every graph was found in the cache, but this stack could not load "
@@ -79,7 +82,7 @@ class VerifyResult:
         return {"ok": self.ok, "verdict": self.verdict, "artifact_dir": self.artifact_dir, "entry": self.entry,
                 "fingerprint": self.fingerprint, "misses": self.misses, "missed": list(self.missed),
                 "replayed_graphs": self.replayed_graphs, "traffic_requests": self.traffic_requests,
-                "loadable": self.loadable, "seed": self.seed, "evidence": self.evidence,
+                "loadable": self.loadable, "seed": self.seed, "evidence": self.evidence, "problem": self.problem,
                 "families": {k: v.__dict__ for k, v in self.families.items()}, "warnings": list(self.warnings)}
 
 
@@ -101,7 +104,7 @@ def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, 
             raw = run_runner("verify", plan, artifact / CACHE_DIR_NAME, Path(work), traffic=traffic, seed=seed)
         except RunnerFailed as exc:
             raise CheckFailed(str(exc)) from None
-        if raw.get("error"):
+        if raw.get("error") and "families" not in raw:
             raise CheckFailed(f"{manifest.entry}: verify could not run: {raw['error']}")
     result = _result(artifact, manifest, raw, seed)
     if record:
@@ -120,7 +123,8 @@ def _result(artifact: Path, manifest: Manifest, raw: dict[str, Any], seed: int) 
                         families=families, misses=misses, missed=tuple(raw.get("missed", [])),
                         replayed_graphs=int(raw.get("replayed_graphs", 0)),
                         traffic_requests=int(raw.get("traffic_requests", 0)), loadable=loadable,
-                        evidence=str(raw.get("evidence", "")), seed=seed, warnings=tuple(raw.get("warnings", [])))
+                        evidence=str(raw.get("evidence", "")), seed=seed, warnings=tuple(raw.get("warnings", [])),
+                        problem=None if misses else raw.get("error"))
 
 
 def render_verify(result: VerifyResult, console) -> None:

@@ -94,8 +94,16 @@ def run_runner(mode: str, request: dict, workdir: Path) -> RunnerRun:
     return RunnerRun(proc.returncode, result, log, request)
 
 
+def aotc_plan(entry: dict) -> list[dict]:
+    from aotc.matrix import Entry
+    from aotc.plan import plan_entry
+
+    return [g.to_dict() for g in plan_entry(Entry.from_dict({"model_name": "demo", **entry})).graphs]
+
+
 def build(entry: dict, workdir: Path, traffic: int = 32, seed: int = 0) -> RunnerRun:
-    request = {"entry": entry, "plan": vllm_plan(entry), "cache_dir": str(workdir / "cache"),
+    # the plan under test is aotc's own; test_aotc_plan_is_vllms proves it equal to vllm_plan
+    request = {"entry": entry, "plan": aotc_plan(entry), "cache_dir": str(workdir / "cache"),
                "traffic": traffic, "seed": seed}
     return run_runner("build", request, workdir)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from aotc.runners.vllm_tpu.build import match_plan
 from aotc.runners.vllm_tpu.records import runtime_graphs
 from aotc.runners.vllm_tpu.verify import family_table, missed
@@ -94,3 +96,13 @@ def test_runner_rejects_a_bad_request_with_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "aotc.runners.vllm_tpu", "build", str(req), str(tmp_path / "r.json")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "missing" in proc.stderr
+
+
+@pytest.mark.parametrize("gap", [0, 16, 32])
+@pytest.mark.parametrize("seqs,tokens,length", [(8, 64, 128), (12, 256, 2048), (256, 1024, 8192), (64, 512, 16384)])
+def test_aotc_plan_is_vllms(gap, seqs, tokens, length):
+    from .conftest import aotc_plan, demo_entry, vllm_plan
+
+    entry = demo_entry(VLLM_TPU_BUCKET_PADDING_GAP=gap)
+    entry.update(max_num_seqs=seqs, max_num_batched_tokens=tokens, max_model_len=length)
+    assert aotc_plan(entry) == vllm_plan(entry)

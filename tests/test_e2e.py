@@ -1,0 +1,86 @@
+"""The whole path through the real CLI, as `make build-cache` and a pod run it: build the demo on the CPU
+twin of vLLM 0.13's TPU runner, verify it in a fresh process, publish, fetch; and a damaged artifact fails."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .conftest import CONFIGS, run_aotc
+
+pytestmark = pytest.mark.slow
+
+DEMO = CONFIGS / "demo.yaml"
+ENTRY = "tiny-llama--len128-seqs8-tok64-tp1"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e") / "artifacts"
+    proc = run_aotc("build", DEMO, "--out", out, "--json", "--traffic", "16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["entries"][0]["planned"] == report["entries"][0]["graphs_with_keys"]
+    return out / ENTRY
+
+
+def test_build_writes_a_manifest_that_accounts_for_every_file(built):
+    manifest = json.loads((built / "manifest.json").read_text())
+    files = {f["path"] for f in manifest["files"]}
+    on_disk = {p.relative_to(built / "cache").as_posix() for p in (built / "cache").rglob("*") if p.is_file()}
+    assert files == on_disk and all(p.startswith("tp1_rank0/") for p in files)
+    keys = {k for g in manifest["graphs"] for k in g["keys"]}
+    assert keys == files  # every cache file is tied to a graph, every graph key is a file
+    families = {g["family"] for g in manifest["graphs"]}
+    assert {"backbone", "select_hidden_states", "compute_logits", "structured_decoding", "sample_from_logits",
+            "gather_logprobs"} <= families
+    assert manifest["fingerprint"] == json.loads(
+        run_aotc("fingerprint", DEMO, "--entry", ENTRY, "--json").stdout)["fingerprint"]
+
+
+def test_verify_covers_everything_and_says_it_did_not_load(built):
+    proc = run_aotc("verify", built, "--json", "--seed", "7", "--traffic", "24")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["misses"] == 0 and result["traffic_requests"] >= 24
+    assert result["loadable"] is False and "not loadable" in result["verdict"]
+    recorded = json.loads((built / "manifest.json").read_text())["verify"]
+    assert recorded == {"misses": 0, "replayed_graphs": result["replayed_graphs"],
+                        "traffic_requests": result["traffic_requests"], "loadable": False}
+
+
+def test_publish_then_fetch_gives_the_same_bytes(built, tmp_path):
+    store = tmp_path / "store"
+    assert run_aotc("publish", built, "--store", store).returncode == 0
+    dest = tmp_path / "xla-cache"
+    proc = run_aotc("fetch", "--config", DEMO, "--entry", ENTRY, "--dest", dest, "--store", store)
+    assert proc.returncode == 0, proc.stderr
+    for f in json.loads((built / "manifest.json").read_text())["files"]:
+        assert (dest / f["path"]).read_bytes() == (built / "cache" / f["path"]).read_bytes()
+
+
+def test_verify_fails_naming_the_family_when_a_cache_file_is_missing(built, tmp_path):
+    damaged = tmp_path / ENTRY
+    shutil.copytree(built, damaged)
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    victim = next(g for g in manifest["graphs"] if g["family"] == "compute_logits")
+    (damaged / "cache" / victim["keys"][0]).unlink()
+    proc = run_aotc("verify", damaged, "--json")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["misses"] >= 1
+    assert "compute_logits" in {m["family"] for m in result["missed"]}
+    assert "NOT COVERED" in result["verdict"]
+
+
+def test_an_artifact_that_failed_verify_is_not_published(built, tmp_path):
+    damaged = tmp_path / ENTRY
+    shutil.copytree(built, damaged)
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    manifest["verify"] = {"misses": 2, "replayed_graphs": 17, "traffic_requests": 24, "loadable": False}
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    store = tmp_path / "store"
+    proc = run_aotc("publish", damaged, "--store", store)
+    assert proc.returncode == 1 and "2 cache miss(es)" in proc.stderr
+    assert not (store / "manifests").exists() or not any((store / "manifests").rglob("*.json"))
