@@ -7,13 +7,13 @@ into another's cache); this process never imports torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,12 +22,14 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
-from aotc.fingerprint import fingerprint_entry
+from aotc.fingerprint import fingerprint_entry, runner_python
 from aotc.manifest import CACHE_DIR_NAME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.plan import BuildPlan, plan_entry
+from aotc.runners import PROGRESS_MARKER
+from aotc.store import sha256_file
 
-RUNNER_MODULES = {"vllm-tpu": "aotc.runners.vllm_tpu"}
+RUNNER_MODULES = {"vllm-tpu": "aotc.runners.vllm_tpu", "tpu-inference": "aotc.runners.tpu_inference"}
 LOG_NAME = "build.log"
 
 
@@ -108,8 +110,11 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _
     (staging / CACHE_DIR_NAME).mkdir(parents=True)
     start = time.perf_counter()
     reporter.started(entry.name, len(plan.graphs))
+    planned_families = plan.families()
     try:
-        result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed)
+        result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
+                            on_progress=lambda family, seconds: family in planned_families
+                            and reporter.family(entry.name, family, seconds))
         problems = build_problems(plan, result)
         manifest = make_manifest(plan, staging, result, traffic=traffic, seed=seed)
         manifest.save(staging)
@@ -160,7 +165,25 @@ def runner_env(entry: Entry) -> dict[str, str]:
     return env
 
 
-def run_runner(mode: str, plan: BuildPlan, cache_dir: Path, work_dir: Path, **options: Any) -> dict[str, Any]:
+def follow_progress(proc: subprocess.Popen, log_path: Path, on_progress: Callable[[str, float], None]) -> None:
+    """Wait for the runner, passing each family-done marker in its log to ``on_progress``."""
+    with open(log_path, "rb") as log:
+        pending = b""
+        while True:
+            finished = proc.poll() is not None
+            pending += log.read()
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.startswith(PROGRESS_MARKER.encode()):
+                    event = json.loads(line[len(PROGRESS_MARKER):])
+                    on_progress(event["family"], event["seconds"])
+            if finished:
+                return
+            time.sleep(0.5)
+
+
+def run_runner(mode: str, plan: BuildPlan, cache_dir: Path, work_dir: Path,
+               on_progress: Callable[[str, float], None] | None = None, **options: Any) -> dict[str, Any]:
     """Run the entry's runner in a fresh process; its log goes to ``work_dir/build.log`` (or verify.log)."""
     request = {"entry": plan.entry.to_dict(), "plan": [g.to_dict() for g in plan.graphs],
                "cache_dir": str(cache_dir.resolve()), **options}
@@ -170,9 +193,11 @@ def run_runner(mode: str, plan: BuildPlan, cache_dir: Path, work_dir: Path, **op
     log_path = work_dir / f"{mode}.log"
     module = RUNNER_MODULES[plan.entry.runner]
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", module, mode, str(request_path), str(result_path)],
-                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              env=runner_env(plan.entry))
+        proc = subprocess.Popen([runner_python(plan.entry.runner), "-m", module, mode, str(request_path),
+                                 str(result_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=runner_env(plan.entry))
+        follow_progress(proc, log_path, on_progress or (lambda family, seconds: None))
     request_path.unlink(missing_ok=True)
     if not result_path.is_file():
         raise RunnerFailed(f"{plan.entry.name}: the {mode} runner exited {proc.returncode} without a result "
@@ -191,19 +216,11 @@ def _tail(path: Path, lines: int = 3) -> str:
         return ""
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def file_records(cache_dir: Path) -> tuple[FileRecord, ...]:
     records = []
     for path in sorted(p for p in cache_dir.rglob("*") if p.is_file() and not p.is_symlink()):
-        records.append(FileRecord(path=path.relative_to(cache_dir).as_posix(), sha256=sha256_file(path),
-                                  size=path.stat().st_size))
+        sha256, size = sha256_file(str(path))
+        records.append(FileRecord(path=path.relative_to(cache_dir).as_posix(), sha256=sha256, size=size))
     return tuple(records)
 
 
@@ -239,6 +256,9 @@ class _Reporter:
 
     def started(self, name: str, planned: int) -> None:
         print(f"aotc build: {name}: compiling {planned} planned graphs + traffic sweep", file=sys.stderr, flush=True)
+
+    def family(self, name: str, family: str, seconds: float) -> None:
+        print(f"aotc build: {name}: {family} compiled in {seconds:.1f}s", file=sys.stderr, flush=True)
 
     def finished(self, report: EntryBuild) -> None:
         status = "ok" if report.ok else f"FAILED: {report.error}"

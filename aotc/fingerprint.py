@@ -9,19 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import functools
 import os
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from aotc.matrix import Entry
 
 FINGERPRINT_VERSION = 1
-RUNNER_PACKAGES = {"vllm-tpu": ("torch", "torch_xla", "vllm", "libtpu")}
+RUNNER_PACKAGES = {"vllm-tpu": ("torch", "torch_xla", "vllm", "libtpu"),
+                   "tpu-inference": ("jax", "jaxlib", "libtpu", "tpu-inference", "vllm-tpu", "torchax")}
 RUNNER_ENV_VARS = {"vllm-tpu": ("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD",
-                                "VLLM_TPU_USING_PATHWAYS")}
+                                "VLLM_TPU_USING_PATHWAYS"),
+                   "tpu-inference": ("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_USING_PATHWAYS", "MIN_TOKEN_BUCKET",
+                                     "ATTN_BUCKETIZED_NUM_REQS", "ATTN_CUSTOM_NUM_REQS_BUCKETS", "MODEL_IMPL_TYPE",
+                                     "NEW_MODEL_DESIGN", "USE_BATCHED_RPA_KERNEL")}
 FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+# Flags a runner's stack adds to the launch flags on import, before anything compiles: they are in the
+# compiler's cache key like the pod's own (tpu_inference/env_override.py; a test pins this table to it).
+RUNNER_IMPLIED_FLAGS = {"tpu-inference": {"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
+                                          "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)}}
+# A runner whose stack cannot share the core's venv names its interpreter here, e.g. AOTC_PYTHON_TPU_INFERENCE.
+RUNNER_PYTHON_ENV = "AOTC_PYTHON_{}"
 
 
 @dataclass(frozen=True)
@@ -49,14 +63,63 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def xla_flags(environ: dict[str, str]) -> list[str]:
-    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS: they are part of XLA's cache key."""
+def runner_python(runner: str, environ: dict[str, str] | None = None) -> str:
+    """The interpreter a runner runs under: its AOTC_PYTHON_<RUNNER> if set, else this one."""
+    environ = os.environ if environ is None else environ
+    return environ.get(RUNNER_PYTHON_ENV.format(runner.upper().replace("-", "_"))) or sys.executable
+
+
+def runner_versions(runner: str, environ: dict[str, str] | None = None) -> dict[str, str | None]:
+    """The runner's package versions, from the metadata of the interpreter that will run it."""
+    packages = RUNNER_PACKAGES[runner]
+    python = runner_python(runner, environ)
+    if _same_interpreter(python):
+        return {pkg: package_version(pkg) for pkg in packages}
+    return dict(_foreign_versions(python, packages))
+
+
+def _same_interpreter(python: str) -> bool:
+    try:
+        return Path(python).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        return False
+
+
+_VERSIONS_SCRIPT = """import json, sys
+from importlib import metadata
+def v(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+json.dump({name: v(name) for name in sys.argv[1:]}, sys.stdout)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    # Metadata only, nothing imported: a ~50 ms subprocess, so plan/fingerprint stay light.
+    from aotc.errors import BadInput
+
+    try:
+        out = subprocess.run([python, "-I", "-c", _VERSIONS_SCRIPT, *packages], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BadInput(f"cannot read package versions from runner interpreter {python}: {exc}") from None
+    return tuple(json.loads(out).items())
+
+
+def xla_flags(environ: dict[str, str], runner: str | None = None) -> list[str]:
+    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS, with those the runner's stack adds:
+    they are part of XLA's cache key."""
     flags: list[str] = []
+    implied = RUNNER_IMPLIED_FLAGS.get(runner or "", {})
     for var in FLAG_ENV_VARS:
         try:
             words = shlex.split(environ.get(var, ""))
         except ValueError:
             words = environ.get(var, "").split()
+        words += [w for w in implied.get(var, ()) if w not in words]
         flags += [f"{var}:{w}" for w in words if w.startswith("--xla")]
     return sorted(flags)
 
@@ -96,8 +159,8 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "tensor_parallel_size": entry.tensor_parallel_size,
         "engine": dict(sorted(entry.engine.items())),
         "env": runner_env(entry, environ),
-        "versions": {pkg: package_version(pkg) for pkg in RUNNER_PACKAGES[entry.runner]},
-        "xla_flags": xla_flags(environ),
+        "versions": runner_versions(entry.runner, environ),
+        "xla_flags": xla_flags(environ, entry.runner),
     }
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from aotc.errors import BadInput, MatrixError
 
-RUNNERS = ("vllm-tpu",)
+RUNNERS = ("vllm-tpu", "tpu-inference")  # tpu-inference: vLLM-TPU 0.32 on JAX (its own venv)
 DEVICES = ("tpu", "cpu")
 MIN_TOKEN_PADDING = 16  # vLLM 0.13 TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
@@ -63,7 +63,7 @@ class RunnerEnv(_Strict):
 
 
 class Settings(_Strict):
-    runner: Literal["vllm-tpu"] | None = None
+    runner: Literal["vllm-tpu", "tpu-inference"] | None = None
     device: Literal["tpu", "cpu"] | None = None
     accelerator: StrictStr | None = None
     dtype: Literal["bfloat16", "float32", "float16", "auto"] | None = None

@@ -6,6 +6,7 @@ backend pads differently) and live beside it, imported here without any heavy de
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -57,13 +58,16 @@ class BuildPlan:
                 "total": len(self.graphs), "graphs": [g.to_dict() for g in self.graphs]}
 
 
-def plan_entry(entry: Entry) -> BuildPlan:
-    if entry.runner != "vllm-tpu":
-        raise ValueError(f"unknown runner {entry.runner!r}")
-    from aotc.runners.vllm_tpu.buckets import bucket_summary, capture_plan
+# Each runner's padding rules, importable without its stack.
+RUNNER_BUCKETS = {"vllm-tpu": "aotc.runners.vllm_tpu.buckets", "tpu-inference": "aotc.runners.tpu_inference.buckets"}
 
+
+def plan_entry(entry: Entry) -> BuildPlan:
+    if entry.runner not in RUNNER_BUCKETS:
+        raise ValueError(f"unknown runner {entry.runner!r}")
+    buckets = importlib.import_module(RUNNER_BUCKETS[entry.runner])
     hf_config = _hf_config(entry)
-    return BuildPlan(entry, tuple(capture_plan(entry, hf_config)), bucket_summary(entry))
+    return BuildPlan(entry, tuple(buckets.capture_plan(entry, hf_config)), buckets.bucket_summary(entry))
 
 
 def plan_entries(entries: list[Entry]) -> list[BuildPlan]:

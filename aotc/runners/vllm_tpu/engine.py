@@ -33,6 +33,14 @@ def check_entry(entry: dict[str, Any]) -> None:
         raise ValueError("device cpu supports tensor_parallel_size 1 only")
 
 
+def local_model(entry: dict[str, Any]) -> str | None:
+    """The local model dir: the matrix's resolved model_path (its ``model`` is relative to the matrix
+    file, not to this process), else ``model`` itself when it is a directory."""
+    if entry.get("model_path"):
+        return entry["model_path"]
+    return entry["model"] if os.path.isdir(entry["model"]) else None
+
+
 def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     """Variables to set (None = unset) before vLLM is imported."""
     check_entry(entry)
@@ -44,7 +52,7 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    if entry.get("model_path"):
+    if local_model(entry):
         env["HF_HUB_OFFLINE"] = "1"
     if entry["device"] == "cpu":
         env.update(
@@ -72,8 +80,7 @@ def apply_env(env: dict[str, str | None]) -> None:
 
 def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
     args: dict[str, Any] = {
-        # a local model's path is relative to its matrix file; model_path is that, resolved
-        "model": entry.get("model_path") or entry["model"],
+        "model": local_model(entry) or entry["model"],
         "max_model_len": entry["max_model_len"],
         "max_num_seqs": entry["max_num_seqs"],
         "max_num_batched_tokens": entry["max_num_batched_tokens"],
@@ -87,7 +94,7 @@ def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
         "worker_cls": CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER,
         "disable_log_stats": True,
     }
-    if not entry.get("model_path") and entry.get("revision"):
+    if not local_model(entry) and entry.get("revision"):
         args["revision"] = entry["revision"]
     args.update(entry.get("engine") or {})
     return args

@@ -11,7 +11,10 @@ which works the same in-process (tp=1) and across worker processes.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
@@ -20,6 +23,8 @@ import vllm.envs as envs
 from vllm.utils.math_utils import cdiv
 from vllm.v1.worker import tpu_model_runner as tmr
 from vllm.v1.worker.tpu_worker import TPUWorker
+
+from aotc.runners import PROGRESS_MARKER
 
 from .probe import STDERR_LOG_ENV, Probe
 
@@ -150,10 +155,20 @@ class AotcTPUWorker(TPUWorker):
         @functools.wraps(fn)
         def measured(*args, **kwargs):
             shape = shape_of(*args, **kwargs) if shape_of else {}
+            started = time.perf_counter()
             with probe.window(kind, family, shape):
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+            if kind == "family":
+                progress_line(family, time.perf_counter() - started)
+            return result
 
         return measured
+
+
+def progress_line(family: str, seconds: float) -> None:
+    """One marker line per finished family; `aotc build` follows the log and shows them."""
+    print(f"{PROGRESS_MARKER} {json.dumps({'family': family, 'seconds': round(seconds, 2)})}", file=sys.stderr,
+          flush=True)
 
 
 def _raw_counters() -> dict[str, int]:

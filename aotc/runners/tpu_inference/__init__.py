@@ -1,0 +1,15 @@
+"""Runner `tpu-inference`: vLLM-TPU 0.32 on tpu-inference (JAX) fills JAX's persistent compilation cache.
+
+Entry point: `python -m aotc.runners.tpu_inference {build|verify} REQUEST.json RESULT.json`, under the
+JAX venv's interpreter (requirements/jax.lock; the core finds it through AOTC_PYTHON_TPU_INFERENCE).
+Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of a fresh server is a hit.
+
+* buckets       -- tpu-inference's paddings and precompile loops as a plan (no JAX; the core imports it)
+* twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_JAX_CPU_TWIN=1
+* twin, twin_attention -- the CPU twin's patches and its jittable ragged paged attention
+* engine        -- entry -> environment + vllm.LLM arguments (every graph persisted)
+* probe, instrument -- JAX cache evidence per precompile call and per runtime step
+* session, records, build, verify -- the two runner commands
+
+Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
+"""

@@ -1,0 +1,24 @@
+"""python -m aotc.runners.tpu_inference {build|verify} REQUEST.json RESULT.json (aotc/runners/protocol.py).
+
+Runs under the JAX venv's interpreter (AOTC_PYTHON_TPU_INFERENCE), never the core's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aotc.runners.protocol import exit_now, serve
+
+
+def run(mode: str, request: dict[str, Any]) -> dict[str, Any]:
+    if mode == "build":
+        from .build import run_build
+
+        return run_build(request)
+    from .verify import run_verify
+
+    return run_verify(request)
+
+
+if __name__ == "__main__":
+    exit_now(serve("python -m aotc.runners.tpu_inference", run))

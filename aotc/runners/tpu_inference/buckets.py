@@ -1,0 +1,131 @@
+"""tpu-inference's padding rules and precompile loops (vllm-tpu 0.32 / tpu-inference 0.32), as plain data.
+
+Re-implemented, not imported, so that `aotc plan` runs on the core's Python without JAX;
+tests/jax/test_plan_jax.py proves them equal to tpu-inference's own helpers under the JAX venv.
+Families are `CompilationManager._precompile_*` steps, named after the jitted function they compile;
+a shape is the scalar signature the manager logs for each `_run_compilation` ("Precompile X --> {...}").
+Covered: a text-only model, one data-parallel rank, no speculative decoding, prefill context
+parallelism, disaggregation or continue-decode — the engine arguments the matrix can express.
+"""
+
+from __future__ import annotations
+
+from aotc.matrix import Entry
+from aotc.plan import GraphSpec
+
+MIN_NUM_SEQS = 8  # tpu_inference.runner.utils.MIN_NUM_SEQS
+MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
+MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
+DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8}
+
+# Plan order = the order the engine compiles them: sampling and logprobs before the KV cache exists
+# (TPUWorker.initialize_from_config), then capture_model.
+FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
+            "select_from_array", "compute_logits", "structured_decoding")
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n < 1 else 1 << (n - 1).bit_length()
+
+
+def token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:
+    """runner.utils.get_token_paddings: doubling up to the budget, or doubling to the gap then linear."""
+    paddings = []
+    num = min_token_size
+    if padding_gap == 0:
+        while True:
+            paddings.append(num)
+            if num >= max_token_size:
+                return paddings
+            num *= 2
+    while num <= padding_gap:
+        paddings.append(num)
+        num *= 2
+    num //= 2
+    while num < max_token_size:
+        num += padding_gap
+        paddings.append(num)
+    return paddings
+
+
+def build_token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:
+    """runner.utils.build_token_paddings: the generated buckets capped at the budget, plus the budget."""
+    budget = -(-max_token_size // min_token_size) * min_token_size
+    generated = token_paddings(min_token_size, max_token_size, padding_gap)
+    return sorted({p for p in generated if p <= budget} | {budget})
+
+
+def padded_num_reqs_with_upper_limit(x: int, upper_limit: int) -> int:
+    res = MIN_NUM_SEQS if x <= MIN_NUM_SEQS else 1 << (x - 1).bit_length()
+    return min(res, upper_limit)
+
+
+def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
+    paddings: list[int] = []
+    num = max(MIN_NUM_SEQS, min_req_size)
+    while num <= max_req_size and (not paddings or paddings[-1] != num):
+        paddings.append(num)
+        num = padded_num_reqs_with_upper_limit(num + 1, max_req_size)
+    return paddings
+
+
+def attn_req_paddings(max_num_seqs: int) -> list[int]:
+    """runner.utils.get_attn_req_paddings with ATTN_BUCKETIZED_NUM_REQS unset: max_num_seqs only."""
+    return [max_num_seqs]
+
+
+def page_size_for(max_model_len: int) -> int:
+    """PallasAttentionBackend.get_page_size: the block size when the config names none."""
+    if max_model_len > 8192:
+        return 16
+    return min(max(next_power_of_2(max_model_len) // 16, 16), 256)
+
+
+def kv_packing(entry: Entry) -> int:
+    kv_dtype = entry.engine.get("kv_cache_dtype") or "auto"
+    bits = DTYPE_BITS.get(entry.dtype if kv_dtype == "auto" else kv_dtype, 16)
+    return 32 // bits
+
+
+def paddings_for(entry: dict) -> dict[str, list[int]]:
+    """paddings() for an entry as the runner receives it (a dict)."""
+    return paddings(Entry.from_dict(entry))
+
+
+def paddings(entry: Entry) -> dict[str, list[int]]:
+    gap = int(entry.env.get("VLLM_TPU_BUCKET_PADDING_GAP", 0))
+    max_num_reqs = max(entry.max_num_seqs, MIN_NUM_SEQS)
+    return {
+        "tokens": build_token_paddings(max(MIN_TOKEN_BUCKET, next_power_of_2(kv_packing(entry))),
+                                       entry.max_num_batched_tokens, gap),
+        "reqs": req_paddings(MIN_NUM_SEQS, max_num_reqs),
+        "attn_reqs": attn_req_paddings(entry.max_num_seqs),
+    }
+
+
+def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]:
+    """Every `_run_compilation` call tpu-inference makes for this entry, in its order, each shape once."""
+    if hf_config and any(k in hf_config for k in ("vision_config", "audio_config")):
+        raise ValueError(f"{entry.name}: the tpu-inference runner does not plan multimodal models yet")
+    p = paddings(entry)
+    tokens, reqs = p["tokens"], p["reqs"]
+    graphs = [GraphSpec.of("sample", num_reqs=r, do_sampling=s, logprobs=lp, allow_distributed_sampling=True)
+              for r in reqs for s in (True, False) for lp in (True, False)]
+    graphs += [GraphSpec.of("gather_logprobs", num_reqs=r) for r in reqs]
+    graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t)
+               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS]
+    graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r) for t in tokens for r in p["attn_reqs"]]
+    # Async scheduling (vLLM's default): next tokens the size of the input, or of a request bucket.
+    for n in sorted(set(tokens) | set(reqs)):
+        for size in dict.fromkeys([n, *reqs]):
+            graphs.append(GraphSpec.of("substitute_placeholder_token", num_tokens=n, next_tokens_size=size))
+    graphs += [GraphSpec.of("select_from_array", array_size=t, index_size=r) for t in tokens for r in reqs if r <= t]
+    graphs += [GraphSpec.of("compute_logits", num_reqs=r) for r in reqs]
+    graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
+    return graphs
+
+
+def bucket_summary(entry: Entry) -> dict:
+    p = paddings(entry)
+    return {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
+            "block_size": entry.engine.get("block_size") or page_size_for(entry.max_model_len)}

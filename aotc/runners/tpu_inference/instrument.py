@@ -1,0 +1,89 @@
+"""Ties tpu-inference's own compiles to the plan: every `CompilationManager._run_compilation` (and the
+warm-up call it queues) runs inside a probe window named by family and shape; every runtime step
+inside a window with the step's scheduled shape.
+
+Class-level patches on the in-process engine: nothing tpu-inference does changes, only what is
+recorded around it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from .probe import Probe
+
+# `_run_compilation` names (rank prefix "worker<N> " removed) -> the plan's families.
+FAMILY_OF_NAME = {
+    "sample": "sample",
+    "gather_logprobs": "gather_logprobs",
+    "compute_and_gather_prompt_logprobs": "gather_prompt_logprobs",
+    "backbone": "backbone",
+    "backbone with embeds": "backbone_with_embeds",
+    "_substitute_placeholder_token_fn": "substitute_placeholder_token",
+    "compute_logits": "compute_logits",
+    "structured_decode": "structured_decoding",
+}
+_RUN_COMPILATION_OPTIONS = {"call_kwargs", "warmup_handler", "aot", "compile_only"}
+
+
+def family_of(name: str) -> str:
+    name = re.sub(r"^worker\d+ ", "", name)
+    if name.startswith("select_from_array"):
+        return "select_from_array"
+    return FAMILY_OF_NAME.get(name, name.replace(" ", "_"))
+
+
+def shape_of(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The scalars tpu-inference logs for the call (compilation_manager._describe_signature)."""
+    return {k: v for k, v in kwargs.items()
+            if k not in _RUN_COMPILATION_OPTIONS and (v is None or isinstance(v, (int, float, bool, str)))}
+
+
+def install(probe: Probe) -> None:
+    from tpu_inference.runner.compilation_manager import CompilationManager
+    from tpu_inference.runner.tpu_runner import TPUModelRunner
+
+    CompilationManager._run_compilation = _measured_compilation(probe, CompilationManager._run_compilation)
+    TPUModelRunner.execute_model = _measured_step(probe, "execute_model", TPUModelRunner.execute_model)
+    TPUModelRunner.sample_tokens = _measured_step(probe, "sample_tokens", TPUModelRunner.sample_tokens)
+
+
+def _measured_compilation(probe: Probe, run_compilation):
+    @functools.wraps(run_compilation)
+    def measured(self, name, fn, *args, **kwargs):
+        family, shape = family_of(name), shape_of(kwargs)
+        queued = len(self._warmup_tasks)
+        with probe.window("call", family, shape):
+            result = run_compilation(self, name, fn, *args, **kwargs)
+        if len(self._warmup_tasks) > queued:
+            # The warm-up pass compiles what AOT lowering skipped (e.g. the backbone, not a jit).
+            task_name, task_fn, task_args, task_kwargs, handler = self._warmup_tasks[-1]
+            self._warmup_tasks[-1] = (task_name, task_fn, task_args, task_kwargs,
+                                      _in_window(probe, family, shape, handler))
+        return result
+
+    return measured
+
+
+def _in_window(probe: Probe, family: str, shape: dict[str, Any], handler):
+    def warmup(fn, args, call_kwargs):
+        with probe.window("call", family, shape):
+            return handler(fn, args, call_kwargs) if handler is not None else fn(*args, **call_kwargs)
+
+    return warmup
+
+
+def _measured_step(probe: Probe, what: str, step):
+    @functools.wraps(step)
+    def measured(self, *args, **kwargs):
+        shape = {"what": what}
+        scheduler_output = args[0] if args and what == "execute_model" else None
+        if scheduler_output is not None:
+            shape.update(num_reqs=len(scheduler_output.num_scheduled_tokens),
+                         num_tokens=scheduler_output.total_num_scheduled_tokens)
+        with probe.window("step", "runtime", shape):
+            return step(self, *args, **kwargs)
+
+    return measured

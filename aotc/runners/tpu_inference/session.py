@@ -1,0 +1,51 @@
+"""One measured engine: env set, probe and instrumentation installed, vLLM started, traffic driven."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from aotc.fingerprint import xla_flags
+from aotc.runners import traffic
+
+from . import buckets, engine, instrument, twin_plugin
+from .probe import Probe
+
+RUNNER = "tpu-inference"
+
+
+@dataclass
+class Session:
+    llm: Any
+    probe: Probe
+    start_seconds: float
+    entry: dict[str, Any]
+
+    @classmethod
+    def start(cls, entry: dict[str, Any], cache_dir: str) -> Session:
+        probe = Probe()
+
+        def hook() -> None:
+            # The twin must patch tpu-inference before instrument imports its runner (a no-op on TPU).
+            twin_plugin.register()
+            probe.install()
+            instrument.install(probe)
+
+        llm, seconds = engine.start_engine(entry, cache_dir, before_start=hook)
+        probe.enter_phase("runtime")
+        return cls(llm, probe, seconds, entry)
+
+    def drive_traffic(self, seed: int, requests: int) -> int:
+        p = buckets.paddings_for(self.entry)
+        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"])
+        batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
+        return traffic.run_traffic(self.llm, batches)
+
+    def records(self) -> list[dict[str, Any]]:
+        return self.probe.snapshot()
+
+
+def effective_flags() -> list[str]:
+    """The --xla flags this process compiled with (after tpu-inference prepended its own)."""
+    return xla_flags(dict(os.environ))

@@ -1,0 +1,105 @@
+"""A jittable pure-JAX stand-in for tpu-inference's ragged paged attention (RPA v3), for the CPU twin.
+
+The Pallas kernel needs a TPU; its reference implementation loops over sequences in Python (not
+jittable); Pallas interpret mode fails inside generation. This one is vectorized over tokens: each token
+finds its sequence through `cu_q_lens`, its new K/V is scattered into its page, and it attends over its
+sequence's pages with a causal (and optional sliding-window) mask. Same signature, same KV-cache layout
+(`merge_kv`: K and V interleaved per head, packed, head_dim padded to 128), same outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from tpu_inference.kernels.ragged_paged_attention.v3.kernel import merge_kv
+
+
+def _token_positions(cu_q_lens, kv_lens, num_seqs, num_tokens):
+    """(sequence id, position in its sequence, is a real token) for every padded token slot."""
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu_q_lens[1:], t, side="right"), 0, kv_lens.shape[0] - 1).astype(jnp.int32)
+    real = t < cu_q_lens[num_seqs]
+    q_len = cu_q_lens[seq + 1] - cu_q_lens[seq]
+    pos = kv_lens[seq] - q_len + (t - cu_q_lens[seq])
+    return seq, pos, real
+
+
+def _write_kv(kv_cache, merged, page_table, seq, pos, real):
+    num_pages, page_size = kv_cache.shape[:2]
+    page = page_table[seq, jnp.clip(pos // page_size, 0, page_table.shape[1] - 1)]
+    page = jnp.where(real, page, num_pages)  # out of range: dropped
+    return kv_cache.at[page, pos % page_size].set(merged.astype(kv_cache.dtype), mode="drop")
+
+
+def _unpack_kv(pages, num_kv_heads, head_dim):
+    """[..., page, slot, heads_x2/packing, packing, padded_dim] -> k, v of [..., len, kv_heads, head_dim]."""
+    padded_dim = pages.shape[-1]
+    lead = pages.shape[:-5]
+    kv = pages.reshape(*lead, -1, pages.shape[-3] * pages.shape[-2], padded_dim)
+    kv = kv[..., : num_kv_heads * 2, :].reshape(*lead, -1, num_kv_heads, 2 * padded_dim)
+    return kv[..., :head_dim], kv[..., padded_dim : padded_dim + head_dim]
+
+
+def ragged_paged_attention(
+    queries: jax.Array,  # [T, q_heads, head_dim]
+    keys: jax.Array,  # [T, kv_heads, head_dim]
+    values: jax.Array,
+    kv_cache: jax.Array,  # [pages, page_size, kv_heads_x2 // packing, packing, padded_dim]
+    kv_lens: jax.Array,  # i32[max_num_seqs]
+    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
+    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
+    distribution: jax.Array,  # i32[3]; distribution[2] is the number of sequences
+    *,
+    use_causal_mask: bool = True,
+    update_kv_cache: bool = True,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    out_dtype: Any = None,
+    mask_value: float | None = None,
+    q_scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    **_tuning: Any,  # block sizes, vmem limits, debug flags: meaningless off the TPU
+):
+    num_tokens, num_q_heads, head_dim = queries.shape
+    num_kv_heads = keys.shape[1]
+    out_dtype = out_dtype or (jnp.float32 if queries.dtype == jnp.float32 else jnp.bfloat16)
+    mask_value = jnp.finfo(out_dtype).min if mask_value is None else mask_value
+    max_num_seqs = kv_lens.shape[0]
+    page_table = page_indices.reshape(max_num_seqs, -1)
+
+    seq, pos, real = _token_positions(cu_q_lens, kv_lens, distribution[2], num_tokens)
+    if update_kv_cache:
+        kv_cache = _write_kv(kv_cache, merge_kv(keys, values), page_table, seq, pos, real)
+
+    k, v = _unpack_kv(kv_cache[page_table], num_kv_heads, head_dim)  # [seqs, len, kv_heads, dim]
+    group = num_q_heads // num_kv_heads
+    k = jnp.repeat(k, group, axis=2)[seq]  # [T, len, q_heads, dim]
+    v = jnp.repeat(v, group, axis=2)[seq]
+
+    q = queries
+    if q_scale is not None:
+        q = (q / q_scale).astype(k.dtype)
+    scores = jnp.einsum("thd,tkhd->thk", q, k, preferred_element_type=jnp.float32) * sm_scale
+    for scale in (k_scale, q_scale):
+        if scale is not None:
+            scores = scores * scale
+    if soft_cap is not None:
+        scores = soft_cap * jnp.tanh(scores / soft_cap)
+
+    kv_pos = jnp.arange(k.shape[1], dtype=jnp.int32)[None, :]
+    mask = kv_pos < kv_lens[seq][:, None]
+    if use_causal_mask:
+        mask &= kv_pos <= pos[:, None]
+        if sliding_window is not None:
+            mask &= pos[:, None] < kv_pos + sliding_window
+    scores = jnp.where(mask[:, None, :], scores, mask_value)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("thk,tkhd->thd", probs, v, preferred_element_type=jnp.float32)
+    if v_scale is not None:
+        out = out * v_scale
+    out = jnp.where(real[:, None, None], out, 0).astype(out_dtype)
+    return out, kv_cache

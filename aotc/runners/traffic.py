@@ -1,0 +1,125 @@
+"""Seeded request traffic through a real in-process vLLM engine; backend-neutral.
+
+A runner's warm-up does not compile everything a live server hits (e.g. a batch mixing greedy and
+random requests, or logprobs on a sampled token), so build and verify both drive a sweep: a coverage
+set (every request bucket × greedy+random mix × logprobs, plus a request count between buckets), then
+random batches — sizes up to max_num_seqs, prompts up to max_model_len minus room for output,
+temperature, top_p, top_k, min_p and logprobs drawn per request. The runner supplies its request
+buckets; `prompt_logprobs` adds prompt-logprob requests for backends that support them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+MAX_NEW_TOKENS = 12
+
+
+@dataclasses.dataclass
+class Request:
+    prompt: list[int]
+    sampling: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    request_buckets: tuple[int, ...]
+    # Token buckets to reach with prompt-logprob requests (which run every prompt position through the
+    # sampler head); empty: no prompt logprobs.
+    prompt_logprob_buckets: tuple[int, ...] = ()
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        return bool(self.prompt_logprob_buckets)
+
+    @classmethod
+    def of(cls, entry: dict[str, Any], request_buckets: list[int], prompt_logprob_buckets: list[int] = ()) -> Limits:
+        return cls(entry["max_model_len"], entry["max_num_seqs"], entry["max_num_batched_tokens"],
+                   tuple(request_buckets), tuple(prompt_logprob_buckets))
+
+
+def _sampling(rng: random.Random, greedy: bool, logprobs: bool, prompt_logprobs: bool) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_tokens": rng.randint(2, MAX_NEW_TOKENS),
+        # Dummy weights emit EOS at random; fixed lengths keep steps comparable.
+        "ignore_eos": True,
+        "detokenize": False,
+        "logprobs": rng.randint(1, 5) if logprobs else None,
+    }
+    if prompt_logprobs:
+        params["prompt_logprobs"] = rng.randint(1, 3)
+    if greedy:
+        params["temperature"] = 0.0
+    else:
+        params.update(
+            temperature=round(rng.uniform(0.3, 1.5), 3),
+            top_p=rng.choice([1.0, 0.9, 0.5]),
+            top_k=rng.choice([0, 5, 50]),
+            min_p=rng.choice([0.0, 0.1]),
+        )
+    return params
+
+
+def _prompt(rng: random.Random, vocab: int, max_len: int) -> list[int]:
+    # Ids 0..2 are pad/bos/eos in the demo config; avoid special handling.
+    return [rng.randrange(3, vocab) for _ in range(rng.randint(1, max(1, max_len)))]
+
+
+def _batch(rng, size, vocab, max_prompt, greedy_of, logprobs_of, prompt_logprobs_of=lambda i: False) -> list[Request]:
+    return [
+        Request(_prompt(rng, vocab, max_prompt), _sampling(rng, greedy_of(i), logprobs_of(i), prompt_logprobs_of(i)))
+        for i in range(size)
+    ]
+
+
+def coverage_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
+    """Batches that reach each request bucket with mixed sampling, ± logprobs (± prompt logprobs)."""
+    max_seqs = limits.max_num_seqs
+    batches = []
+    sizes = sorted({min(b, max_seqs) for b in limits.request_buckets} | {max(1, min(3, max_seqs))})
+    for size in sizes:
+        # Short prompts so the whole batch is scheduled together.
+        max_prompt = max(1, limits.max_num_batched_tokens // size - 1)
+        for logprobs in (False, True):
+            batches.append(_batch(rng, size, vocab, max_prompt, lambda i: i % 2 == 0,
+                                  lambda i: logprobs and i == 0,
+                                  lambda i: logprobs and limits.prompt_logprobs and i == 1))
+    longest = limits.max_model_len - MAX_NEW_TOKENS - 1
+    for bucket in limits.prompt_logprob_buckets:
+        prompt = [rng.randrange(3, vocab) for _ in range(max(1, min(bucket, longest)))]
+        batches.append([Request(prompt, _sampling(rng, True, False, True))])
+    return batches
+
+
+def random_batch(rng: random.Random, limits: Limits, vocab: int) -> list[Request]:
+    size = rng.randint(1, limits.max_num_seqs)
+    max_prompt = limits.max_model_len - MAX_NEW_TOKENS - 1
+    greedy = [rng.random() < 0.4 for _ in range(size)]
+    logprobs = [rng.random() < 0.3 for _ in range(size)]
+    prompt_logprobs = [limits.prompt_logprobs and rng.random() < 0.1 for _ in range(size)]
+    return _batch(rng, size, vocab, max_prompt, greedy.__getitem__, logprobs.__getitem__, prompt_logprobs.__getitem__)
+
+
+def plan_traffic(seed: int, requests: int, limits: Limits, vocab: int) -> list[list[Request]]:
+    rng = random.Random(seed)
+    batches = coverage_batches(rng, limits, vocab)
+    while sum(map(len, batches)) < requests:
+        batches.append(random_batch(rng, limits, vocab))
+    return batches
+
+
+def run_traffic(llm, batches: list[list[Request]]) -> int:
+    from vllm import SamplingParams
+
+    sent = 0
+    for batch in batches:
+        prompts = [{"prompt_token_ids": r.prompt} for r in batch]
+        params = [SamplingParams(**r.sampling) for r in batch]
+        llm.generate(prompts, params, use_tqdm=False)
+        sent += len(batch)
+    return sent

@@ -1,0 +1,55 @@
+"""The tpu-inference runner's tests run from the core's venv and drive the JAX venv through subprocesses.
+
+The JAX venv is required, never skipped: `make test` (and CI) installs it with `make env-jax`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JAX_LOCK = REPO / "requirements" / "jax.lock"
+PYTHON_ENV = "AOTC_PYTHON_TPU_INFERENCE"
+
+
+def jax_python() -> Path:
+    """AOTC_PYTHON_TPU_INFERENCE, else the venv `make env-jax` creates for the current lock."""
+    if os.environ.get(PYTHON_ENV):
+        return Path(os.environ[PYTHON_ENV])
+    home = Path(os.environ.get("AOTC_HOME") or Path.home() / ".cache" / "aotc")
+    digest = hashlib.sha256(JAX_LOCK.read_bytes()).hexdigest()[:12]
+    return home / f"venv-jax-{digest}" / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def jax_env() -> dict[str, str]:
+    """The environment that points the core at the JAX venv; fails loudly when it is missing."""
+    python = jax_python()
+    if not python.is_file():
+        pytest.fail(f"the JAX venv is missing ({python} does not exist): run `make env-jax`, or set {PYTHON_ENV} "
+                    "to a Python 3.12 with requirements/jax.lock and aotc installed", pytrace=False)
+    probe = subprocess.run([str(python), "-c", "import aotc.runners.tpu_inference.twin_plugin, tpu_inference"],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                                                               "TPU_ACCELERATOR_TYPE": "v6e-1",
+                                                                               "TPU_NAME": "t", "TPU_WORKER_ID": "0"})
+    if probe.returncode:
+        pytest.fail(f"the JAX venv at {python} cannot import aotc and tpu_inference (run `make env-jax`): "
+                    f"{probe.stderr.strip().splitlines()[-1:]}", pytrace=False)
+    return {**os.environ, PYTHON_ENV: str(python)}
+
+
+def run_jax(jax_env: dict[str, str], script: Path, payload: dict, timeout: float = 900) -> dict:
+    """Run a helper script under the JAX interpreter: JSON in on stdin, JSON out on the last stdout line."""
+    proc = subprocess.run([jax_env[PYTHON_ENV], str(script)], input=json.dumps(payload), capture_output=True,
+                          text=True, timeout=timeout, env={**jax_env, "JAX_PLATFORMS": "cpu",
+                                                            "TPU_ACCELERATOR_TYPE": "v6e-1", "TPU_NAME": "t",
+                                                            "TPU_WORKER_ID": "0", "XLA_FLAGS": "",
+                                                            "LIBTPU_INIT_ARGS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

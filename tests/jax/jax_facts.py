@@ -1,0 +1,60 @@
+"""Runs under the JAX venv (tests/jax/conftest.py: run_jax): tpu-inference's own answers, as JSON.
+
+stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...]}
+stdout (last line): {"paddings": [{tokens, reqs, attn_reqs}...], "flags": {...}, "attention_error": float}
+"""
+
+import json
+import os
+import sys
+
+request = json.load(sys.stdin)
+launch = {var: os.environ.get(var, "") for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+import tpu_inference.env_override  # noqa: E402,F401  (what a vLLM-TPU process adds to the launch flags)
+
+flags = {var: os.environ.get(var, "").split() for var in launch}
+
+from tpu_inference.runner import utils as runner_utils  # noqa: E402
+from tpu_inference.runner.tpu_runner import MIN_NUM_SEQS  # noqa: E402
+from vllm.utils.math_utils import next_power_of_2  # noqa: E402
+
+paddings = []
+for seqs, tokens, gap, packing in request["paddings"]:
+    max_reqs = max(seqs, MIN_NUM_SEQS)
+    paddings.append({
+        "tokens": runner_utils.build_token_paddings(max(16, next_power_of_2(packing)), tokens, gap),
+        "reqs": runner_utils.get_req_paddings(MIN_NUM_SEQS, max_reqs),
+        "attn_reqs": runner_utils.get_attn_req_paddings(MIN_NUM_SEQS, seqs),
+    })
+
+
+def attention_error() -> float:
+    """The CPU twin's jitted attention against tpu-inference's reference (a Python loop, eager)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from tpu_inference.kernels.ragged_paged_attention.v3.kernel import get_kv_cache_shape, ref_ragged_paged_attention
+
+    from aotc.runners.tpu_inference.twin_attention import ragged_paged_attention
+
+    rng = np.random.default_rng(0)
+    tokens, q_heads, kv_heads, dim, page, pages_per_seq, seqs, pages = 32, 4, 2, 16, 16, 4, 8, 40
+    q, k, v = (jnp.asarray(rng.standard_normal((tokens, h, dim)), jnp.bfloat16) for h in (q_heads, kv_heads, kv_heads))
+    cache = jnp.asarray(rng.standard_normal(get_kv_cache_shape(pages, page, kv_heads, dim, jnp.bfloat16)), jnp.bfloat16)
+    q_lens, kv_lens = [5, 1, 10], [20, 7, 10]  # a chunked prefill, a decode, a fresh prefill
+    cu = np.zeros(seqs + 1, np.int32)
+    cu[1:4] = np.cumsum(q_lens)
+    cu[4:] = cu[3]
+    lens = np.zeros(seqs, np.int32)
+    lens[:3] = kv_lens
+    args = (q, k, v, cache, jnp.asarray(lens), jnp.asarray(rng.permutation(pages)[:seqs * pages_per_seq].astype(np.int32)),
+            jnp.asarray(cu), jnp.asarray(np.array([0, 0, 3], np.int32)))
+    want_out, want_cache = ref_ragged_paged_attention(*args, sm_scale=0.25, sliding_window=8)
+    out, new_cache = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.25, sliding_window=8))(*args)
+    real = int(cu[3])
+    return max(float(np.abs(np.asarray(want_out, np.float32) - np.asarray(out[:real], np.float32)).max()),
+               float(np.abs(np.asarray(want_cache, np.float32) - np.asarray(new_cache, np.float32)).max()),
+               float(np.abs(np.asarray(out[real:], np.float32)).max()))
+
+
+print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error()}))

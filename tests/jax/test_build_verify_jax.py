@@ -1,0 +1,61 @@
+"""End to end on the CPU twin: the core builds the JAX demo, a fresh process loads every graph back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+DEMO = REPO / "configs" / "demo-jax.yaml"
+ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
+
+
+def aotc(jax_env, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
+                          env=jax_env, cwd=REPO, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def artifact(jax_env, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("jax-artifacts")
+    proc = aotc(jax_env, "build", DEMO, "--out", out, "--traffic", "16", "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["entries"][0]["graphs_with_keys"] == report["entries"][0]["planned"] == 23
+    return out / ENTRY
+
+
+@pytest.mark.slow
+def test_build_verifies_with_zero_misses_and_real_loads(jax_env, artifact):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["runner"] == "tpu-inference" and manifest["inputs"]["versions"]["jax"] == "0.11.2"
+    assert all(f["path"].endswith("-cache") and "/" not in f["path"] for f in manifest["files"])
+
+    proc = aotc(jax_env, "verify", artifact, "--traffic", "24", "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    assert result["misses"] == 0 and result["loadable"] is True
+    families = result["families"]
+    assert families["backbone"]["loads"] == 3 and families["sample"]["loads"] == 4
+    assert sum(row["loads"] for row in families.values()) == result["replayed_graphs"] > 23
+    assert json.loads((artifact / "manifest.json").read_text())["verify"]["loadable"] is True
+
+
+@pytest.mark.slow
+def test_a_missing_cache_file_fails_verify_naming_its_family(jax_env, artifact, tmp_path):
+    broken = tmp_path / ENTRY
+    shutil.copytree(artifact, broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    victim = next(g for g in manifest["graphs"] if g["family"] == "backbone")["keys"][0]
+    (broken / "cache" / victim).unlink()
+
+    proc = aotc(jax_env, "verify", broken, "--traffic", "8")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr
+    assert "NOT COVERED: 1 graph(s) missed the cache (backbone)" in said, said[-3000:]

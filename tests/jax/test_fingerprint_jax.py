@@ -1,0 +1,33 @@
+"""The tpu-inference fingerprint reads versions from the JAX venv, not from the core's."""
+
+from __future__ import annotations
+
+from aotc.fingerprint import fingerprint_entry, runner_python
+from aotc.matrix import load_matrix
+
+from .conftest import PYTHON_ENV, REPO
+
+
+def entry():
+    return load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
+
+
+def test_versions_come_from_the_runner_interpreter(jax_env):
+    fp = fingerprint_entry(entry(), jax_env)
+    assert fp.inputs["versions"] == {"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48",
+                                     "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0", "torchax": "0.0.13"}
+    assert "XLA_FLAGS:--xla_cpu_max_isa=AVX2" in fp.inputs["xla_flags"]
+
+
+def test_launch_flags_still_count(jax_env):
+    plain = fingerprint_entry(entry(), jax_env)
+    flagged = fingerprint_entry(entry(), {**jax_env, "LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=true"})
+    assert plain.digest != flagged.digest
+
+
+def test_runner_python_defaults_to_this_interpreter(jax_env):
+    import sys
+
+    assert runner_python("tpu-inference", {}) == sys.executable
+    assert runner_python("tpu-inference", jax_env) == jax_env[PYTHON_ENV]
+    assert runner_python("vllm-tpu", jax_env) == sys.executable

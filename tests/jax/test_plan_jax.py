@@ -1,0 +1,68 @@
+"""The tpu-inference plan (pure Python, core venv) equals tpu-inference's own helpers (JAX venv)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from aotc.fingerprint import RUNNER_IMPLIED_FLAGS
+from aotc.matrix import load_matrix
+from aotc.plan import plan_entry
+from aotc.runners.tpu_inference import buckets
+
+from .conftest import REPO, run_jax
+
+SCRIPT = Path(__file__).with_name("jax_facts.py")
+
+
+def sweep() -> list[list[int]]:
+    rng = random.Random(7)
+    cases = [[8, 64, 0, 2], [1, 16, 0, 2], [256, 8192, 0, 2], [128, 512, 64, 2], [64, 1024, 0, 4], [8, 64, 0, 1]]
+    for _ in range(300):
+        tokens = 1 << rng.randint(4, 14)
+        cases.append([rng.randint(1, min(tokens, 1024)), tokens, rng.choice([0, 0, 16, 64, 128, 256, 1000]),
+                      rng.choice([1, 2, 4])])
+    return cases
+
+
+@pytest.fixture(scope="module")
+def facts(jax_env):
+    return run_jax(jax_env, SCRIPT, {"paddings": sweep()})
+
+
+def entry_for(seqs: int, tokens: int, gap: int, packing: int):
+    dtype = {1: "float32", 2: "bfloat16", 4: "bfloat16"}[packing]
+    base = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
+    engine = {"kv_cache_dtype": "fp8"} if packing == 4 else {}
+    return type(base)(**{**base.to_dict(), "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "dtype": dtype,
+                         "engine": engine, "env": {"VLLM_TPU_BUCKET_PADDING_GAP": gap}})
+
+
+def test_paddings_equal_tpu_inference_helpers(facts):
+    cases = sweep()
+    mismatches = [(case, buckets.paddings(entry_for(*case)), theirs)
+                  for case, theirs in zip(cases, facts["paddings"]) if buckets.paddings(entry_for(*case)) != theirs]
+    assert not mismatches, mismatches[:3]
+    assert len(cases) > 300
+
+
+def test_fingerprint_flags_are_what_tpu_inference_adds(facts):
+    for var, added in RUNNER_IMPLIED_FLAGS["tpu-inference"].items():
+        assert facts["flags"][var] == list(added), var
+
+
+def test_cpu_twin_attention_matches_tpu_inference_reference(facts):
+    # bf16 outputs: one ulp at |x| ~ 1 is 2**-7.
+    assert facts["attention_error"] <= 2 ** -6
+
+
+def test_demo_plan_mirrors_capture_loops():
+    plan = plan_entry(load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0])
+    families = plan.families()
+    assert plan.buckets["token_paddings"] == [16, 32, 64] and plan.buckets["request_paddings"] == [8]
+    assert families == {"sample": 4, "gather_logprobs": 1, "gather_prompt_logprobs": 3, "backbone": 3,
+                        "substitute_placeholder_token": 7, "select_from_array": 3, "compute_logits": 1,
+                        "structured_decoding": 1}
+    assert len({(g.family, g.shape) for g in plan.graphs}) == len(plan.graphs)
