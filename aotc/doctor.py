@@ -17,31 +17,43 @@ from pathlib import Path
 from typing import Any
 
 from aotc import __version__
-from aotc.fingerprint import RUNNER_ENV_VARS, RUNNER_PACKAGES, package_version, xla_flags
+from aotc.errors import BadInput
+from aotc.fingerprint import RUNNER_ENV_VARS, RUNNER_PACKAGES, runner_python, runner_versions, xla_flags
 
+CORE_RUNNER = "vllm-tpu"
 COUNTERS = ("PersistentCacheMiss", "PersistentCacheHit", "PersistentCacheLoad", "PersistentCacheDeserializeFailure",
             "UncachedCompile", "CachedCompile")
 
 
 def environment_inputs(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Per runner: its interpreter, its stack's versions, the runner env vars and XLA flags set here."""
     environ = dict(os.environ if environ is None else environ)
-    packages = sorted({p for pkgs in RUNNER_PACKAGES.values() for p in pkgs})
-    env_vars = sorted({v for vs in RUNNER_ENV_VARS.values() for v in vs})
-    return {"versions": {p: package_version(p) for p in packages},
-            "env": {v: environ[v] for v in env_vars if v in environ},
-            "xla_flags": xla_flags(environ)}
+    runners: dict[str, Any] = {}
+    for runner, env_vars in RUNNER_ENV_VARS.items():
+        try:
+            versions: dict[str, Any] = runner_versions(runner, environ)
+        except BadInput as exc:
+            versions = {pkg: None for pkg in RUNNER_PACKAGES[runner]} | {"error": str(exc)}
+        runners[runner] = {"python": runner_python(runner, environ), "versions": versions,
+                           "env": {v: environ[v] for v in env_vars if v in environ},
+                           "xla_flags": xla_flags(environ, runner)}
+    return runners
 
 
 def run_doctor(probe: bool = True) -> dict[str, Any]:
+    runners = environment_inputs()
     report: dict[str, Any] = {
         "aotc_version": __version__, "python": platform.python_version(), "machine": platform.machine(),
-        "environment": environment_inputs(),
-        "pjrt_device": os.environ.get("PJRT_DEVICE"),
+        "runners": runners, "pjrt_device": os.environ.get("PJRT_DEVICE"),
     }
-    missing = [p for p, v in report["environment"]["versions"].items() if v is None and p != "libtpu"]
+    # this interpreter runs the torch_xla runner; other runners are reported, not required
+    missing = [p for p, v in runners[CORE_RUNNER]["versions"].items() if v is None and p != "libtpu"]
     report["full_stack"] = not missing
-    if missing:
-        report["problems"] = [f"not installed: {', '.join(missing)} (build/verify need the full stack: make env)"]
+    report["problems"] = [f"{CORE_RUNNER}: not installed: {', '.join(missing)} (build/verify need the full "
+                          "stack: make env)"] if missing else []
+    for runner, info in runners.items():
+        if runner != CORE_RUNNER and "error" in info["versions"]:
+            report["problems"].append(f"{runner}: {info['versions']['error']} (make env-jax)")
     if probe and not missing:
         report["loadability"] = loadability_probe()
     report["ok"] = not missing
@@ -97,15 +109,18 @@ def _probe_main(cache: str) -> None:
 
 def render_doctor(report: dict[str, Any], console) -> None:
     console.print(f"aotc {report['aotc_version']} on Python {report['python']} ({report['machine']})")
-    for name, version in report["environment"]["versions"].items():
-        console.print(f"  {name:10} {version or '[dim]not installed[/dim]'}")
-    console.print(f"  runner env: {report['environment']['env'] or '{}'}")
-    console.print(f"  xla flags:  {report['environment']['xla_flags'] or '[]'}")
+    for runner, info in report["runners"].items():
+        console.print(f"runner {runner} ({info['python']})")
+        for name, version in info["versions"].items():
+            if name != "error":
+                console.print(f"  {name:14} {version or '[dim]not installed[/dim]'}")
+        console.print(f"  runner env: {info['env'] or '{}'}")
+        console.print(f"  xla flags:  {info['xla_flags'] or '[]'}")
     for problem in report.get("problems", []):
         console.print(f"[red]{problem}[/red]")
     probe = report.get("loadability")
     if probe:
-        console.print(f"loadability probe: {probe['verdict']}")
+        console.print(f"loadability probe ({CORE_RUNNER}): {probe['verdict']}")
         console.print(f"  first process:  {probe['first_process']}")
         console.print(f"  second process: {probe['second_process']}")
 

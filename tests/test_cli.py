@@ -36,7 +36,8 @@ def test_doctor_reports_versions_and_an_honest_loadability_probe():
     proc = run_aotc("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["environment"]["versions"]["torch_xla"] == "2.9.0"
+    assert doc["runners"]["vllm-tpu"]["versions"]["torch_xla"] == "2.9.0"
+    assert doc["runners"]["tpu-inference"]["versions"]["jax"]  # read from the JAX venv's metadata
     probe = doc["loadability"]
     assert probe["written"] and probe["found"]
     # torch_xla 2.9.0 cannot deserialize its own cache (pytorch/xla#9094): the probe must say so
