@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from aotc.matrix import Entry
 from aotc.plan import GraphSpec
+from aotc.runners.paddings import next_power_of_2, token_paddings  # token_paddings = runner.utils.get_token_paddings
 
 MIN_NUM_SEQS = 8  # tpu_inference.runner.utils.MIN_NUM_SEQS
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
@@ -22,30 +23,6 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 # (TPUWorker.initialize_from_config), then capture_model.
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n < 1 else 1 << (n - 1).bit_length()
-
-
-def token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:
-    """runner.utils.get_token_paddings: doubling up to the budget, or doubling to the gap then linear."""
-    paddings = []
-    num = min_token_size
-    if padding_gap == 0:
-        while True:
-            paddings.append(num)
-            if num >= max_token_size:
-                return paddings
-            num *= 2
-    while num <= padding_gap:
-        paddings.append(num)
-        num *= 2
-    num //= 2
-    while num < max_token_size:
-        num += padding_gap
-        paddings.append(num)
-    return paddings
 
 
 def build_token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:

@@ -9,36 +9,9 @@ from __future__ import annotations
 
 from aotc.matrix import MIN_TOKEN_PADDING, Entry
 from aotc.plan import GraphSpec
+from aotc.runners.paddings import cdiv, next_power_of_2, token_paddings
 
 MIN_NUM_SEQS = 8  # tpu_model_runner.MIN_NUM_SEQS
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(a // -b)
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n < 1 else 1 << (n - 1).bit_length()
-
-
-def token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:
-    """Doubling buckets up to ``max_token_size``, or doubling up to the gap and then linear."""
-    paddings = []
-    num = min_token_size
-    if padding_gap == 0:
-        while True:
-            paddings.append(num)
-            if num >= max_token_size:
-                return paddings
-            num *= 2
-    while num <= padding_gap:
-        paddings.append(num)
-        num *= 2
-    num //= 2
-    while num < max_token_size:
-        num += padding_gap
-        paddings.append(num)
-    return paddings
 
 
 def padded_num_reqs_with_upper_limit(x: int, upper_limit: int) -> int:
