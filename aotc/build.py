@@ -86,8 +86,7 @@ def shard_entries(entries: list[Entry], shard: str | None) -> list[Entry]:
 
 
 def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str | Path = "artifacts",
-                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0,
-                 progress: bool = False) -> BuildReport:
+                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0) -> BuildReport:
     if jobs < 1:
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
     selected = shard_entries(matrix.select(entries), shard)
@@ -95,7 +94,7 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     out.mkdir(parents=True, exist_ok=True)
     plans = [plan_entry(e) for e in selected]
     start = time.perf_counter()
-    reporter = _Reporter(progress)
+    reporter = _Reporter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, reporter), plans))
     return BuildReport(tuple(results), time.perf_counter() - start)
@@ -103,7 +102,7 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
 
 def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _Reporter | None = None) -> EntryBuild:
     entry = plan.entry
-    reporter = reporter or _Reporter(False)
+    reporter = reporter or _Reporter()
     final = out / entry.name
     staging = out / f".{entry.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -249,10 +248,8 @@ def _replace_dir(new: Path, final: Path) -> None:
 
 
 class _Reporter:
-    """One line per entry on stderr as it starts and ends; the runner's own log goes to a file."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    """Lines on stderr as an entry starts, finishes each graph family and ends (readable in CI logs too);
+    the runner's own log goes to a file."""
 
     def started(self, name: str, planned: int) -> None:
         print(f"aotc build: {name}: compiling {planned} planned graphs + traffic sweep", file=sys.stderr, flush=True)

@@ -76,8 +76,7 @@ def cmd_build(args: argparse.Namespace, out: Output) -> int:
 
     matrix = load_matrix(args.config)
     report = build_matrix(matrix, entries=args.entry, out_dir=args.out, jobs=args.jobs,
-                          shard=args.shard, traffic=args.traffic, seed=args.seed,
-                          progress=progress_enabled())
+                          shard=args.shard, traffic=args.traffic, seed=args.seed)
     out.emit(report.to_dict(), lambda: render_build(report, console()))
     return 0 if report.ok else EXIT_CHECK_FAILED
 

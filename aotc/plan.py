@@ -14,10 +14,6 @@ from typing import Any
 
 from aotc.matrix import Entry
 
-FAMILY_ORDER = ("mm_encoder", "backbone", "select_hidden_states", "compute_logits", "structured_decoding",
-                "sample_from_logits", "gather_logprobs", "runtime")
-
-
 @dataclass(frozen=True)
 class GraphSpec:
     family: str
