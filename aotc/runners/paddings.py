@@ -3,6 +3,8 @@ token bucketing); each runner's tests check them against its own upstream helper
 
 from __future__ import annotations
 
+MIN_NUM_SEQS = 8  # the smallest request bucket in both runners
+
 
 def cdiv(a: int, b: int) -> int:
     return -(a // -b)
@@ -29,4 +31,18 @@ def token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -
     while num < max_token_size:
         num += padding_gap
         paddings.append(num)
+    return paddings
+
+
+def padded_num_reqs_with_upper_limit(x: int, upper_limit: int) -> int:
+    res = MIN_NUM_SEQS if x <= MIN_NUM_SEQS else 1 << (x - 1).bit_length()
+    return min(res, upper_limit)
+
+
+def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
+    paddings: list[int] = []
+    num = max(MIN_NUM_SEQS, min_req_size)
+    while num <= max_req_size and (not paddings or paddings[-1] != num):
+        paddings.append(num)
+        num = padded_num_reqs_with_upper_limit(num + 1, max_req_size)
     return paddings

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from aotc.matrix import Entry
 from aotc.plan import GraphSpec
-from aotc.runners.paddings import next_power_of_2, token_paddings  # token_paddings = runner.utils.get_token_paddings
+# MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
+from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, req_paddings, token_paddings
 
-MIN_NUM_SEQS = 8  # tpu_inference.runner.utils.MIN_NUM_SEQS
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
 DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8}
@@ -30,20 +30,6 @@ def build_token_paddings(min_token_size: int, max_token_size: int, padding_gap: 
     budget = -(-max_token_size // min_token_size) * min_token_size
     generated = token_paddings(min_token_size, max_token_size, padding_gap)
     return sorted({p for p in generated if p <= budget} | {budget})
-
-
-def padded_num_reqs_with_upper_limit(x: int, upper_limit: int) -> int:
-    res = MIN_NUM_SEQS if x <= MIN_NUM_SEQS else 1 << (x - 1).bit_length()
-    return min(res, upper_limit)
-
-
-def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
-    paddings: list[int] = []
-    num = max(MIN_NUM_SEQS, min_req_size)
-    while num <= max_req_size and (not paddings or paddings[-1] != num):
-        paddings.append(num)
-        num = padded_num_reqs_with_upper_limit(num + 1, max_req_size)
-    return paddings
 
 
 def attn_req_paddings(max_num_seqs: int) -> list[int]:

@@ -9,23 +9,9 @@ from __future__ import annotations
 
 from aotc.matrix import MIN_TOKEN_PADDING, Entry
 from aotc.plan import GraphSpec
-from aotc.runners.paddings import cdiv, next_power_of_2, token_paddings
-
-MIN_NUM_SEQS = 8  # tpu_model_runner.MIN_NUM_SEQS
-
-
-def padded_num_reqs_with_upper_limit(x: int, upper_limit: int) -> int:
-    res = MIN_NUM_SEQS if x <= MIN_NUM_SEQS else 1 << (x - 1).bit_length()
-    return min(res, upper_limit)
-
-
-def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
-    paddings: list[int] = []
-    num = max(MIN_NUM_SEQS, min_req_size)
-    while num <= max_req_size and (not paddings or paddings[-1] != num):
-        paddings.append(num)
-        num = padded_num_reqs_with_upper_limit(num + 1, max_req_size)
-    return paddings
+# MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
+from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
+                                   req_paddings, token_paddings)
 
 
 def page_size(max_model_len: int) -> int:
