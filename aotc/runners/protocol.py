@@ -35,7 +35,10 @@ def load_request(path: str, mode: str) -> dict[str, Any]:
     return request
 
 
-def serve(prog: str, run: Callable[[str, dict[str, Any]], dict[str, Any]], argv: list[str] | None = None) -> int:
+def serve(prog: str, run: Callable[[str, dict[str, Any]], dict[str, Any]], argv: list[str] | None = None,
+          check: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Parse argv, validate the request (``check`` adds the runner's own rules; ValueError → exit 2), run it
+    and always leave a RESULT.json."""
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("mode", choices=["build", "verify"])
     parser.add_argument("request")
@@ -43,6 +46,8 @@ def serve(prog: str, run: Callable[[str, dict[str, Any]], dict[str, Any]], argv:
     args = parser.parse_args(argv)
     try:
         request = load_request(args.request, args.mode)
+        if check:
+            check(request["entry"])
     except (OSError, ValueError) as exc:
         print(f"bad request {args.request}: {exc}", file=sys.stderr)
         return 2

@@ -1,20 +1,18 @@
 """python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT.json
 
-One entry per process (the core spawns us): vLLM, torch_xla and the XLA
-runtime are process-global and cannot be reset between entries.
-Exit 0 ok, 1 a check failed (RESULT.json carries "error"), 2 bad usage.
+The shared protocol (aotc/runners/protocol.py) plus this runner's stderr capture: the PJRT client's
+"Failed to deserialize" lines are evidence verify counts.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 import threading
-import traceback
 from contextlib import contextmanager
+
+from aotc.runners.protocol import exit_now, serve
 
 from .probe import STDERR_LOG_ENV
 
@@ -57,66 +55,24 @@ def _echo(path: str, out_fd: int, stop: threading.Event) -> None:
             stop.wait(0.2)
 
 
-REQUIRED = {"entry", "plan", "cache_dir"}
-ENTRY_REQUIRED = {"model", "device", "accelerator", "dtype", "max_model_len", "max_num_seqs",
-                  "max_num_batched_tokens", "tensor_parallel_size"}
-
-
-def load_request(path: str, mode: str) -> dict:
-    with open(path) as fh:
-        request = json.load(fh)
-    missing = REQUIRED - set(request) or ENTRY_REQUIRED - set(request.get("entry", {}))
-    if missing:
-        raise ValueError(f"missing {sorted(missing)}")
-    from .engine import check_entry
-
-    check_entry(request["entry"])
-    if mode == "verify" and not os.path.isdir(request["cache_dir"]):
-        raise ValueError(f"no cache at {request['cache_dir']}")
-    return request
-
-
 def run(mode: str, request: dict) -> dict:
-    if mode == "build":
-        from .build import run_build
-
-        return run_build(request)
-    from .verify import run_verify
-
-    return run_verify(request)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aotc.runners.vllm_tpu")
-    parser.add_argument("mode", choices=["build", "verify"])
-    parser.add_argument("request")
-    parser.add_argument("result")
-    args = parser.parse_args(argv)
-    try:
-        request = load_request(args.request, args.mode)
-    except (OSError, ValueError) as exc:
-        print(f"bad request {args.request}: {exc}", file=sys.stderr)
-        return 2
-
     with stderr_to_file() as log_path:
         os.environ[STDERR_LOG_ENV] = log_path
-        try:
-            result = run(args.mode, request)
-        except Exception as exc:  # the core needs a RESULT.json whatever happened
-            traceback.print_exc()
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-    with open(args.result, "w") as fh:
-        json.dump(result, fh, indent=2, sort_keys=True)
-    if result.get("error"):
-        print(f"aotc runner {args.mode} failed: {result['error']}", file=sys.stderr)
-        return 1
-    return 0
+        if mode == "build":
+            from .build import run_build
+
+            return run_build(request)
+        from .verify import run_verify
+
+        return run_verify(request)
+
+
+def check_entry(entry: dict) -> None:
+    from .engine import check_entry as check
+
+    check(entry)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # vLLM's in-process engine can hang in interpreter teardown; the result is
-    # already on disk.
-    os._exit(code)
+    # vLLM's in-process engine can hang in interpreter teardown; the result is already on disk
+    exit_now(serve("python -m aotc.runners.vllm_tpu", run, check=check_entry))
