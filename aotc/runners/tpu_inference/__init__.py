@@ -13,3 +13,17 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 
 Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
 """
+
+from aotc.runners.spec import RunnerSpec
+
+SPEC = RunnerSpec(
+    name="tpu-inference",
+    module="aotc.runners.tpu_inference",
+    buckets="aotc.runners.tpu_inference.buckets",
+    packages=("jax", "jaxlib", "libtpu", "tpu-inference", "vllm-tpu", "torchax"),
+    env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_USING_PATHWAYS", "MIN_TOKEN_BUCKET", "ATTN_BUCKETIZED_NUM_REQS",
+              "ATTN_CUSTOM_NUM_REQS_BUCKETS", "MODEL_IMPL_TYPE", "NEW_MODEL_DESIGN", "USE_BATCHED_RPA_KERNEL"),
+    # tpu_inference/env_override.py adds these at import (a test pins this table to it)
+    implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
+                   "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
+)

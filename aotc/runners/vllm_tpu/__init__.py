@@ -15,3 +15,13 @@ Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT
 Importing this package must not import torch: vLLM loads `cpu_platform` in
 every process that resolves its platform.
 """
+
+from aotc.runners.spec import RunnerSpec
+
+SPEC = RunnerSpec(
+    name="vllm-tpu",
+    module="aotc.runners.vllm_tpu",
+    buckets="aotc.runners.vllm_tpu.buckets",
+    packages=("torch", "torch_xla", "vllm", "libtpu"),
+    env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
+)

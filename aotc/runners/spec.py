@@ -1,0 +1,73 @@
+"""The runner interface: all the core knows of a backend, found by name through the entry-point group
+``aotc.runners`` (the way fsspec finds a filesystem by protocol). A backend is one package that exposes a
+``RunnerSpec`` and registers it; no core module names a runner. See docs/design.md, "Runner interface".
+
+Everything here is import-light: a spec names modules by string, imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+ENTRY_POINT_GROUP = "aotc.runners"
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    name: str
+    """The matrix's ``runner:`` value, e.g. ``vllm-tpu``."""
+    module: str
+    """Run as ``python -m <module> {build|verify} REQUEST.json RESULT.json`` (aotc/runners/protocol.py)."""
+    buckets: str
+    """Module with ``capture_plan(entry, hf_config)`` and ``bucket_summary(entry)``; imports no heavy stack."""
+    packages: tuple[str, ...]
+    """Distributions whose versions enter the fingerprint (read from metadata, never imported)."""
+    env_vars: tuple[str, ...] = ()
+    """Environment variables the stack reads that change a graph or its cache key."""
+    implied_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Flags the stack adds to XLA_FLAGS / LIBTPU_INIT_ARGS at import, before anything compiles."""
+    devices: tuple[str, ...] = ("cpu", "tpu")
+    watcher: str | None = None
+    """``module:callable`` the guard installs in a serving process; None: the guard logs that it is unwatched."""
+    validate: str | None = None
+    """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry (one line each)."""
+
+    @property
+    def python_env(self) -> str:
+        """The variable naming this runner's interpreter when its stack has its own venv."""
+        return "AOTC_PYTHON_" + self.name.upper().replace("-", "_")
+
+    def load(self, attribute: str) -> Any:
+        """Import one of the spec's ``module`` / ``module:callable`` strings."""
+        target = getattr(self, attribute)
+        module, _, name = target.partition(":")
+        loaded = importlib.import_module(module)
+        return getattr(loaded, name) if name else loaded
+
+
+class UnknownRunner(ValueError):
+    pass
+
+
+@functools.cache
+def registered() -> dict[str, RunnerSpec]:
+    specs = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        spec = ep.load()
+        if not isinstance(spec, RunnerSpec) or spec.name != ep.name:
+            raise TypeError(f"entry point {ep.name} = {ep.value} is not a RunnerSpec named {ep.name!r}")
+        specs[spec.name] = spec
+    return specs
+
+
+def load_runner(name: str) -> RunnerSpec:
+    try:
+        return registered()[name]
+    except KeyError:
+        known = ", ".join(sorted(registered())) or "none installed"
+        raise UnknownRunner(f"unknown runner {name!r} (registered: {known})") from None
