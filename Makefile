@@ -38,7 +38,7 @@ $(VENV)/.installed: $(LOCK)
 	touch $@
 
 env: $(VENV)/.installed
-	@$(UV) pip install -q --python $(BIN)/python --no-deps --reinstall-package aotc -e .
+	@$(UV) pip install -q --python $(BIN)/python --no-deps --link-mode copy --reinstall-package aotc -e .
 
 $(JAX_VENV)/.installed: $(JAX_LOCK)
 	@test -n "$(JAX_PYTHON)" || { echo "env-jax: no Python 3.12 found; set JAX_PYTHON=/path/to/python3.12" >&2; exit 2; }
@@ -51,7 +51,7 @@ $(JAX_VENV)/.installed: $(JAX_LOCK)
 
 # aotc itself goes in too: the runner module and the CPU twin's vllm.general_plugins entry point.
 env-jax: $(JAX_VENV)/.installed
-	@$(UV) pip install -q --python $(JAX_VENV)/bin/python --no-deps --reinstall-package aotc -e .
+	@$(UV) pip install -q --python $(JAX_VENV)/bin/python --no-deps --link-mode copy --reinstall-package aotc -e .
 
 # A matrix on the tpu-inference runner also needs the JAX venv.
 build-cache: env $(if $(shell grep -l 'runner: *tpu-inference' $(DEMO) 2>/dev/null),env-jax)
