@@ -27,9 +27,9 @@ from aotc.manifest import CACHE_DIR_NAME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.plan import BuildPlan, plan_entry
 from aotc.runners import PROGRESS_MARKER
+from aotc.runners.spec import load_runner
 from aotc.store import sha256_file
 
-RUNNER_MODULES = {"vllm-tpu": "aotc.runners.vllm_tpu", "tpu-inference": "aotc.runners.tpu_inference"}
 LOG_NAME = "build.log"
 
 
@@ -190,7 +190,7 @@ def run_runner(mode: str, plan: BuildPlan, cache_dir: Path, work_dir: Path,
     request_path.write_text(json.dumps(request, indent=1))
     result_path.unlink(missing_ok=True)
     log_path = work_dir / f"{mode}.log"
-    module = RUNNER_MODULES[plan.entry.runner]
+    module = load_runner(plan.entry.runner).module
     with open(log_path, "w") as log:
         proc = subprocess.Popen([runner_python(plan.entry.runner), "-m", module, mode, str(request_path),
                                  str(result_path)],
@@ -261,24 +261,3 @@ class _Reporter:
         status = "ok" if report.ok else f"FAILED: {report.error}"
         print(f"aotc build: {report.entry}: {status} ({report.wall_seconds:.0f}s, {report.files} files, "
               f"log {report.log})", file=sys.stderr, flush=True)
-
-
-def render_build(report: BuildReport, console) -> None:
-    from rich.table import Table
-
-    table = Table(title="aotc build", title_justify="left")
-    for column in ("entry", "status", "planned", "with keys", "runtime", "files", "MB", "wall s", "XLA s"):
-        table.add_column(column, justify="left" if column in ("entry", "status") else "right")
-    for e in report.entries:
-        table.add_row(e.entry, "ok" if e.ok else "[red]FAILED[/red]", str(e.planned), str(e.graphs_with_keys),
-                      str(e.runtime_graphs), str(e.files), f"{e.size / 1e6:.1f}", f"{e.wall_seconds:.1f}",
-                      f"{e.compile_seconds:.1f}")
-    console.print(table)
-    for e in report.entries:
-        if e.ok:
-            console.print(f"{e.entry}: artifact at {e.artifact_dir}")
-        else:
-            console.print(f"[red]{e.entry}: {e.error}[/red]")
-            for problem in e.problems[1:]:
-                console.print(f"  {problem}")
-            console.print(f"  log: {e.log}")

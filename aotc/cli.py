@@ -49,7 +49,8 @@ def progress_enabled() -> bool:
 
 def cmd_plan(args: argparse.Namespace, out: Output) -> int:
     from aotc.matrix import load_matrix
-    from aotc.plan import plan_entries, render_plans
+    from aotc.plan import plan_entries
+    from aotc.render import render_plans
 
     matrix = load_matrix(args.config)
     plans = plan_entries(matrix.select(args.entry))
@@ -60,7 +61,8 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_fingerprint(args: argparse.Namespace, out: Output) -> int:
-    from aotc.fingerprint import fingerprint_entry, render_fingerprint
+    from aotc.fingerprint import fingerprint_entry
+    from aotc.render import render_fingerprint
     from aotc.matrix import load_matrix
 
     entry = load_matrix(args.config).entry(args.entry)
@@ -71,7 +73,8 @@ def cmd_fingerprint(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_build(args: argparse.Namespace, out: Output) -> int:
-    from aotc.build import build_matrix, render_build
+    from aotc.build import build_matrix
+    from aotc.render import render_build
     from aotc.matrix import load_matrix
 
     matrix = load_matrix(args.config)
@@ -82,7 +85,8 @@ def cmd_build(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    from aotc.verify import render_verify, verify_artifact
+    from aotc.render import render_verify
+    from aotc.verify import verify_artifact
 
     result = verify_artifact(args.artifact_dir, traffic=args.traffic, seed=args.seed)
     out.emit(result.to_dict(), lambda: render_verify(result, console()))
@@ -173,7 +177,8 @@ def cmd_gc(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
-    from aotc.doctor import render_doctor, run_doctor
+    from aotc.doctor import run_doctor
+    from aotc.render import render_doctor
 
     report = run_doctor()
     out.emit(report, lambda: render_doctor(report, console()))

@@ -20,22 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from aotc.matrix import Entry
+from aotc.runners.spec import load_runner
 
 FINGERPRINT_VERSION = 1
-RUNNER_PACKAGES = {"vllm-tpu": ("torch", "torch_xla", "vllm", "libtpu"),
-                   "tpu-inference": ("jax", "jaxlib", "libtpu", "tpu-inference", "vllm-tpu", "torchax")}
-RUNNER_ENV_VARS = {"vllm-tpu": ("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD",
-                                "VLLM_TPU_USING_PATHWAYS"),
-                   "tpu-inference": ("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_USING_PATHWAYS", "MIN_TOKEN_BUCKET",
-                                     "ATTN_BUCKETIZED_NUM_REQS", "ATTN_CUSTOM_NUM_REQS_BUCKETS", "MODEL_IMPL_TYPE",
-                                     "NEW_MODEL_DESIGN", "USE_BATCHED_RPA_KERNEL")}
 FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
-# Flags a runner's stack adds to the launch flags on import, before anything compiles: they are in the
-# compiler's cache key like the pod's own (tpu_inference/env_override.py; a test pins this table to it).
-RUNNER_IMPLIED_FLAGS = {"tpu-inference": {"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
-                                          "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)}}
-# A runner whose stack cannot share the core's venv names its interpreter here, e.g. AOTC_PYTHON_TPU_INFERENCE.
-RUNNER_PYTHON_ENV = "AOTC_PYTHON_{}"
 
 
 @dataclass(frozen=True)
@@ -64,14 +52,15 @@ def package_version(name: str) -> str | None:
 
 
 def runner_python(runner: str, environ: dict[str, str] | None = None) -> str:
-    """The interpreter a runner runs under: its AOTC_PYTHON_<RUNNER> if set, else this one."""
+    """The interpreter a runner runs under: its ``RunnerSpec.python_env`` (AOTC_PYTHON_<RUNNER>) if set, else
+    this one (a stack that cannot share the core's venv gets its own)."""
     environ = os.environ if environ is None else environ
-    return environ.get(RUNNER_PYTHON_ENV.format(runner.upper().replace("-", "_"))) or sys.executable
+    return environ.get(load_runner(runner).python_env) or sys.executable
 
 
 def runner_versions(runner: str, environ: dict[str, str] | None = None) -> dict[str, str | None]:
     """The runner's package versions, from the metadata of the interpreter that will run it."""
-    packages = RUNNER_PACKAGES[runner]
+    packages = load_runner(runner).packages
     python = runner_python(runner, environ)
     if _same_interpreter(python):
         return {pkg: package_version(pkg) for pkg in packages}
@@ -110,10 +99,10 @@ def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str
 
 
 def xla_flags(environ: dict[str, str], runner: str | None = None) -> list[str]:
-    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS, with those the runner's stack adds:
-    they are part of XLA's cache key."""
+    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS, with those the runner's stack adds on
+    import (``RunnerSpec.implied_flags``): they are part of XLA's cache key."""
     flags: list[str] = []
-    implied = RUNNER_IMPLIED_FLAGS.get(runner or "", {})
+    implied = load_runner(runner).implied_flags if runner else {}
     for var in FLAG_ENV_VARS:
         try:
             words = shlex.split(environ.get(var, ""))
@@ -127,7 +116,7 @@ def xla_flags(environ: dict[str, str], runner: str | None = None) -> list[str]:
 def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
     """The runner-read variables as the build will set them: the config's value, else the process's."""
     env = {}
-    for var in RUNNER_ENV_VARS[entry.runner]:
+    for var in load_runner(entry.runner).env_vars:
         if var in entry.env:
             env[var] = str(entry.env[var])
         elif var in environ:
@@ -190,15 +179,3 @@ def describe_diff(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
 
 
 _MISSING = object()
-
-
-def render_fingerprint(name: str, fp: Fingerprint, console) -> None:
-    from rich.table import Table
-
-    console.print(f"[bold]{name}[/bold]  {fp.digest}")
-    table = Table(show_header=True, box=None)
-    table.add_column("input")
-    table.add_column("value")
-    for key, value in sorted(flatten(fp.inputs).items()):
-        table.add_row(key, json.dumps(value))
-    console.print(table)

@@ -18,9 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
 from aotc.errors import BadInput, MatrixError
+from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner
 
-RUNNERS = ("vllm-tpu", "tpu-inference")  # tpu-inference: vLLM-TPU 0.32 on JAX (its own venv)
-DEVICES = ("tpu", "cpu")
 MIN_TOKEN_PADDING = 16  # vLLM 0.13 TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
@@ -63,12 +62,22 @@ class RunnerEnv(_Strict):
 
 
 class Settings(_Strict):
-    runner: Literal["vllm-tpu", "tpu-inference"] | None = None
+    runner: StrictStr | None = None  # a registered backend (aotc/runners/spec.py)
     device: Literal["tpu", "cpu"] | None = None
     accelerator: StrictStr | None = None
     dtype: Literal["bfloat16", "float32", "float16", "auto"] | None = None
     engine: EngineArgs | None = None
     env: RunnerEnv | None = None
+
+    @field_validator("runner")
+    @classmethod
+    def _runner(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                load_runner(v)
+            except UnknownRunner as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("accelerator")
     @classmethod
@@ -134,7 +143,7 @@ class MatrixFile(_Strict):
     models: Annotated[list[ModelSpec], Field(min_length=1)]
 
 
-DEFAULTS = {"runner": "vllm-tpu", "device": "tpu", "accelerator": "v6e-8", "dtype": "bfloat16"}
+DEFAULTS = {"runner": DEFAULT_RUNNER, "device": "tpu", "accelerator": "v6e-8", "dtype": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -329,15 +338,19 @@ def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) ->
         raise MatrixError(file, axes + ".max_num_batched_tokens",
                           f"{entry.max_num_batched_tokens} is below max_num_seqs {entry.max_num_seqs} "
                           "(vLLM requires max_num_batched_tokens >= max_num_seqs)")
-    most = entry.env.get("VLLM_TPU_MOST_MODEL_LEN")
-    if most is not None and most >= entry.max_model_len:
-        raise MatrixError(file, where + ".env.VLLM_TPU_MOST_MODEL_LEN",
-                          f"{most} must be below max_model_len {entry.max_model_len}")
+    spec = load_runner(entry.runner)
+    if entry.device not in spec.devices:
+        raise MatrixError(file, where + ".device",
+                          f"runner {spec.name} builds for {', '.join(spec.devices)}, not {entry.device!r}")
     if entry.device == "tpu":
         chips = int(ACCELERATOR_RE.match(entry.accelerator).group(2))
         if entry.tensor_parallel_size > chips:
             raise MatrixError(file, axes + ".tensor_parallel_size",
                               f"{entry.tensor_parallel_size} exceeds the {chips} chips of {entry.accelerator}")
+    if spec.validate:
+        for problem in spec.load("validate")(entry, hf_config):
+            key, _, reason = problem.partition(": ")
+            raise MatrixError(file, f"{where}.{key}", reason)
     if hf_config is None:
         return
     heads = hf_config.get("num_attention_heads")

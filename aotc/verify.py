@@ -125,22 +125,3 @@ def _result(artifact: Path, manifest: Manifest, raw: dict[str, Any], seed: int) 
                         traffic_requests=int(raw.get("traffic_requests", 0)), loadable=loadable,
                         evidence=str(raw.get("evidence", "")), seed=seed, warnings=tuple(raw.get("warnings", [])),
                         problem=None if misses else raw.get("error"))
-
-
-def render_verify(result: VerifyResult, console) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"aotc verify {result.entry}", title_justify="left")
-    for column in ("family", "misses", "found in cache", "loaded", "deserialize failures", "XLA compiles"):
-        table.add_column(column, justify="left" if column == "family" else "right")
-    for name, c in result.families.items():
-        table.add_row(name, str(c.misses), str(c.found), str(c.loads), str(c.deserialize_failures), str(c.compiles))
-    console.print(table)
-    console.print(f"replayed {result.replayed_graphs} graphs and {result.traffic_requests} random requests "
-                  f"(seed {result.seed})")
-    for miss in result.missed:
-        console.print(f"  missed: {miss.get('family')} {miss.get('shape', '')} {miss.get('key', '')}")
-    if result.evidence:
-        console.print(f"evidence: {result.evidence}")
-    style = "red" if not result.ok else ("green" if result.loadable else "yellow")
-    console.print(f"[{style}]{result.verdict}[/{style}]")

@@ -14,6 +14,14 @@ def next_power_of_2(n: int) -> int:
     return 1 if n < 1 else 1 << (n - 1).bit_length()
 
 
+def page_size(max_model_len: int) -> int:
+    """PallasAttentionBackend.get_page_size (both stacks): the KV block size when the config names none;
+    vLLM 0.13's TpuPlatform overrides any configured block_size with it."""
+    if max_model_len > 8192:
+        return 16
+    return min(max(next_power_of_2(max_model_len) // 16, 16), 256)
+
+
 def token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:
     """Doubling buckets up to ``max_token_size``, or doubling up to the gap and then linear."""
     paddings = []

@@ -15,6 +15,8 @@ from importlib import metadata
 from typing import Any
 
 ENTRY_POINT_GROUP = "aotc.runners"
+# The matrix's runner when it names none (docs/design.md, "Matrix"): the first backend aotc had.
+DEFAULT_RUNNER = "vllm-tpu"
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,12 @@ class RunnerSpec:
     devices: tuple[str, ...] = ("cpu", "tpu")
     watcher: str | None = None
     """``module:callable`` the guard installs in a serving process; None: the guard logs that it is unwatched."""
+    probe: str | None = None
+    """``module:callable() -> dict`` ``aotc doctor`` runs: can this stack load its own persistent cache?
+    The dict carries at least ``loadable`` (bool) and ``verdict`` (one line)."""
     validate: str | None = None
-    """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry (one line each)."""
+    """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry, one problem a
+    line as ``KEY.PATH: reason`` with the key path relative to the model (``env.X: ...``); [] when valid."""
 
     @property
     def python_env(self) -> str:

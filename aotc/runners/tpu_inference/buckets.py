@@ -10,10 +10,10 @@ parallelism, disaggregation or continue-decode — the engine arguments the matr
 
 from __future__ import annotations
 
+from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
-from aotc.plan import GraphSpec
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
-from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, req_paddings, token_paddings
+from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -35,13 +35,6 @@ def build_token_paddings(min_token_size: int, max_token_size: int, padding_gap: 
 def attn_req_paddings(max_num_seqs: int) -> list[int]:
     """runner.utils.get_attn_req_paddings with ATTN_BUCKETIZED_NUM_REQS unset: max_num_seqs only."""
     return [max_num_seqs]
-
-
-def page_size_for(max_model_len: int) -> int:
-    """PallasAttentionBackend.get_page_size: the block size when the config names none."""
-    if max_model_len > 8192:
-        return 16
-    return min(max(next_power_of_2(max_model_len) // 16, 16), 256)
 
 
 def kv_packing(entry: Entry) -> int:
@@ -91,4 +84,4 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
 def bucket_summary(entry: Entry) -> dict:
     p = paddings(entry)
     return {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
-            "block_size": entry.engine.get("block_size") or page_size_for(entry.max_model_len)}
+            "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len)}

@@ -9,9 +9,11 @@ default JAX keeps only graphs that took >= 1 s to compile, and a pod would compi
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
+
+from aotc.runners.environ import apply_env
+from aotc.runners.paddings import page_size
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
 
@@ -56,14 +58,6 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     return env
 
 
-def apply_env(env: dict[str, str | None]) -> None:
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
 # The engine's seed is baked into graphs (dummy-weight init): build, verify and a pod must share it.
 # vLLM's default. The traffic seed is separate.
 ENGINE_SEED = 0
@@ -95,9 +89,7 @@ def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def kv_blocks(entry: dict[str, Any]) -> int:
-    from .buckets import page_size_for
-
-    block = (entry.get("engine") or {}).get("block_size") or page_size_for(entry["max_model_len"])
+    block = (entry.get("engine") or {}).get("block_size") or page_size(entry["max_model_len"])
     return entry["max_num_seqs"] * -(-entry["max_model_len"] // block) + 1
 
 

@@ -8,18 +8,10 @@ equal vLLM's own ``_get_token_paddings``, ``_get_req_paddings`` and
 from __future__ import annotations
 
 from aotc.matrix import MIN_TOKEN_PADDING, Entry
-from aotc.plan import GraphSpec
+from aotc.graphs import GraphSpec
 # MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
 from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
-                                   req_paddings, token_paddings)
-
-
-def page_size(max_model_len: int) -> int:
-    """PallasAttentionBackend.get_page_size: TpuPlatform overrides any configured block_size with it."""
-    if max_model_len > 8192:
-        return 16
-    size = next_power_of_2(max_model_len) // 16
-    return min(max(size, 16), 256)
+                                   page_size, req_paddings, token_paddings)
 
 
 def max_num_seqs_for_len(model_len: int, block_size: int) -> int:
@@ -71,3 +63,11 @@ def bucket_summary(entry: Entry) -> dict:
         "request_paddings": req_paddings(MIN_NUM_SEQS, max(entry.max_num_seqs, MIN_NUM_SEQS)),
         "block_size": page_size(entry.max_model_len),
     }
+
+
+def validate(entry: Entry, hf_config: dict | None = None) -> list[str]:
+    """vLLM 0.13's TPU runner's own rules for an entry (RunnerSpec.validate), one ``key: reason`` a line."""
+    most = entry.env.get("VLLM_TPU_MOST_MODEL_LEN")
+    if most is not None and most >= entry.max_model_len:
+        return [f"env.VLLM_TPU_MOST_MODEL_LEN: {most} must be below max_model_len {entry.max_model_len}"]
+    return []

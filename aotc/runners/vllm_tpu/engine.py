@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any
 
+from aotc.runners.environ import apply_env
+
 from .cpu_platform import ENV_FLAG as TWIN_FLAG
 
 TPU_WORKER = "aotc.runners.vllm_tpu.worker.AotcTPUWorker"
@@ -68,14 +70,6 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
         # Never let the twin platform activate on a real TPU host.
         env[TWIN_FLAG] = None
     return env
-
-
-def apply_env(env: dict[str, str | None]) -> None:
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""The graph-plan data types: one graph as data, and every graph an entry needs.
+
+A leaf module (it imports nothing from aotc), so that a runner's plan rules can build ``GraphSpec`` s
+without importing the core's planner, and the planner can import the rules without a cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aotc.matrix import Entry
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    family: str
+    shape: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, family: str, **shape: Any) -> GraphSpec:
+        return cls(family, tuple(shape.items()))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GraphSpec:
+        return cls(data["family"], tuple(data["shape"].items()))
+
+    @property
+    def shape_dict(self) -> dict[str, Any]:
+        return dict(self.shape)
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={json.dumps(v)}" for k, v in self.shape)
+
+    @property
+    def key(self) -> str:
+        """Identity of the graph independent of the order of its shape's keys."""
+        return json.dumps([self.family, self.shape_dict], sort_keys=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "shape": self.shape_dict}
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    entry: Entry
+    graphs: tuple[GraphSpec, ...]
+    buckets: dict[str, Any]
+
+    def families(self) -> Counter:
+        return Counter(g.family for g in self.graphs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entry": self.entry.name, "runner": self.entry.runner, "device": self.entry.device,
+                "buckets": self.buckets, "families": dict(self.families()),
+                "total": len(self.graphs), "graphs": [g.to_dict() for g in self.graphs]}
