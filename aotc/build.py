@@ -2,16 +2,17 @@
 turns what the runner saw into an artifact directory with a manifest.
 
 The runner process does the compiling (a fresh XLA runtime each, so one entry's graphs never leak
-into another's cache); this process never imports torch.
+into another's cache) and reports what it saw (aotc/runners/protocol.py); this process judges it against the
+plan and never imports the stack.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +26,9 @@ from aotc.errors import BadInput
 from aotc.fingerprint import fingerprint_entry, runner_python
 from aotc.manifest import CACHE_DIR_NAME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
-from aotc.plan import BuildPlan, plan_entry
-from aotc.runners import PROGRESS_MARKER
+from aotc.plan import BuildPlan, GraphSpec, plan_entry
+from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
+                                   read_result)
 from aotc.runners.spec import load_runner
 from aotc.store import sha256_file
 
@@ -114,18 +116,17 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _
         result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
                             on_progress=lambda family, seconds: family in planned_families
                             and reporter.family(entry.name, family, seconds))
-        problems = build_problems(plan, result)
-        manifest = make_manifest(plan, staging, result, traffic=traffic, seed=seed)
+        graphs, problems = plan_coverage(plan, result)
+        manifest = make_manifest(plan, staging, result, graphs, traffic=traffic, seed=seed)
         manifest.save(staging)
-        if problems or result.get("error"):
-            return _failed(entry, plan, start, result.get("error") or problems[0], staging, problems)
+        if problems or result.error:
+            return _failed(entry, plan, start, result.error or problems[0], staging, problems)
         _replace_dir(staging, final)
         report = EntryBuild(
             entry=entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
-            graphs_with_keys=sum(1 for g in result.get("graphs", []) if g.get("keys")),
-            runtime_graphs=len(result.get("runtime", [])), files=len(manifest.files), size=manifest.total_size,
-            wall_seconds=time.perf_counter() - start, compile_seconds=float(result.get("xla_compile_seconds", 0.0)),
-            log=str(final / LOG_NAME))
+            graphs_with_keys=sum(1 for g in graphs if g.keys), runtime_graphs=len(result.runtime),
+            files=len(manifest.files), size=manifest.total_size, wall_seconds=time.perf_counter() - start,
+            compile_seconds=result.xla_compile_seconds, log=str(final / LOG_NAME))
     except RunnerFailed as exc:
         report = _failed(entry, plan, start, str(exc), staging)
     reporter.finished(report)
@@ -140,18 +141,28 @@ def _failed(entry: Entry, plan: BuildPlan, start: float, error: str, staging: Pa
                       compile_seconds=0.0, error=error, log=str(staging / LOG_NAME), problems=tuple(problems))
 
 
-def build_problems(plan: BuildPlan, result: dict[str, Any]) -> list[str]:
-    """A planned graph with no cache key, or a capture-time graph the plan does not list, fails the build."""
-    problems = []
-    got = {(g["family"], json.dumps(g["shape"], sort_keys=True)): g for g in result.get("graphs", [])}
+def plan_coverage(plan: BuildPlan, result: BuildResult) -> tuple[list[GraphRecord], list[str]]:
+    """The one judge of plan coverage: the planned graphs (in plan order) with the keys of the warm-up calls
+    that match them, and the problems that fail the build — a planned graph the runner never compiled or
+    that left no cache entry, and a warm-up compile the plan does not list."""
+    calls: dict[str, list[Graph]] = {}
+    for call in result.calls:
+        calls.setdefault(GraphSpec(call.family, tuple(call.shape.items())).key, []).append(call)
+    graphs, problems = [], []
     for spec in plan.graphs:
-        record = got.get((spec.family, json.dumps(spec.shape_dict, sort_keys=True)))
-        if record is None or not record.get("keys"):
+        matched = calls.get(spec.key, [])
+        keys = tuple(sorted({k for call in matched for k in call.keys}))
+        graphs.append(GraphRecord(spec.family, spec.shape_dict, keys, sum(c.compile_seconds for c in matched)))
+        if not matched:
+            problems.append(f"planned graph was never compiled by the runner: {spec.family}[{spec.label}]")
+        elif not keys:
             problems.append(f"planned graph produced no cache entry: {spec.family}[{spec.label}]")
-    for extra in result.get("unplanned", []):
-        problems.append(f"capture compiled a graph the plan does not list: {extra['family']}"
-                        f"[{', '.join(f'{k}={v}' for k, v in extra.get('shape', {}).items())}]")
-    return problems
+    planned = {spec.key for spec in plan.graphs}
+    unplanned = [c for c in result.calls if c.keys and GraphSpec(c.family, tuple(c.shape.items())).key not in planned]
+    for extra in [*unplanned, *result.capture_outside]:
+        problems.append(f"capture compiled a graph the plan does not list: {extra.family}"
+                        f"[{', '.join(f'{k}={v}' for k, v in extra.shape.items())}]")
+    return graphs, problems
 
 
 class RunnerFailed(Exception):
@@ -164,48 +175,68 @@ def runner_env(entry: Entry) -> dict[str, str]:
     return env
 
 
-def follow_progress(proc: subprocess.Popen, log_path: Path, on_progress: Callable[[str, float], None]) -> None:
-    """Wait for the runner, passing each family-done marker in its log to ``on_progress``."""
-    with open(log_path, "rb") as log:
-        pending = b""
-        while True:
-            finished = proc.poll() is not None
-            pending += log.read()
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if line.startswith(PROGRESS_MARKER.encode()):
-                    event = json.loads(line[len(PROGRESS_MARKER):])
-                    on_progress(event["family"], event["seconds"])
-            if finished:
-                return
-            time.sleep(0.5)
-
-
-def run_runner(mode: str, plan: BuildPlan, cache_dir: Path, work_dir: Path,
-               on_progress: Callable[[str, float], None] | None = None, **options: Any) -> dict[str, Any]:
-    """Run the entry's runner in a fresh process; its log goes to ``work_dir/build.log`` (or verify.log)."""
-    request = {"entry": plan.entry.to_dict(), "plan": [g.to_dict() for g in plan.graphs],
-               "cache_dir": str(cache_dir.resolve()), **options}
+def run_runner(mode: Mode, plan: BuildPlan, cache_dir: Path, work_dir: Path,
+               on_progress: Callable[[str, float], None] | None = None, **options: Any) -> BuildResult | VerifyResult:
+    """Run the entry's runner in a fresh process (aotc/runners/protocol.py); its log goes to
+    ``work_dir/build.log`` (or verify.log), its progress lines come back on a pipe."""
+    request = Request(entry=plan.entry.to_dict(), plan=[g.to_dict() for g in plan.graphs],
+                      cache_dir=str(cache_dir.resolve()), **options)
     request_path, result_path = work_dir / f"{mode}-request.json", work_dir / f"{mode}-result.json"
-    request_path.write_text(json.dumps(request, indent=1))
+    request_path.write_text(request.model_dump_json(indent=1))
     result_path.unlink(missing_ok=True)
     log_path = work_dir / f"{mode}.log"
-    module = load_runner(plan.entry.runner).module
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([runner_python(plan.entry.runner), "-m", module, mode, str(request_path),
-                                 str(result_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=runner_env(plan.entry))
-        follow_progress(proc, log_path, on_progress or (lambda family, seconds: None))
+    spec = load_runner(plan.entry.runner)
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([runner_python(spec.name), "-m", spec.module, mode, str(request_path),
+                                     str(result_path)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=runner_env(plan.entry) | {PROGRESS_FD_ENV: str(write_fd)}, pass_fds=(write_fd,))
+    finally:
+        os.close(write_fd)
+    progress = _ProgressReader(read_fd, on_progress or (lambda family, seconds: None))
+    proc.wait()
+    progress.join()
     request_path.unlink(missing_ok=True)
     if not result_path.is_file():
         raise RunnerFailed(f"{plan.entry.name}: the {mode} runner exited {proc.returncode} without a result "
                            f"(last log lines: {_tail(log_path)})")
-    result = json.loads(result_path.read_text())
+    try:
+        result = read_result(str(result_path), mode)
+    except ValueError as exc:  # a result that breaks the protocol is the runner's bug, not a verdict
+        raise RunnerFailed(f"{plan.entry.name}: the {mode} runner wrote a malformed result: {exc}") from None
     result_path.unlink()
-    if proc.returncode and not result.get("error"):
-        result["error"] = f"the {mode} runner exited {proc.returncode}: {_tail(log_path)}"
+    if progress.bad_line:
+        raise RunnerFailed(f"{plan.entry.name}: the {mode} runner wrote a malformed progress line: "
+                           f"{progress.bad_line[:200]!r}")
+    if proc.returncode and not result.error:
+        result.error = f"the {mode} runner exited {proc.returncode}: {_tail(log_path)}"
     return result
+
+
+class _ProgressReader:
+    """Reads the runner's progress pipe on a thread as lines arrive (aotc/runners/protocol.py: Progress)."""
+
+    def __init__(self, fd: int, on_progress: Callable[[str, float], None]):
+        self.bad_line: str | None = None
+        self._pipe = os.fdopen(fd, "r", encoding="utf-8", errors="replace")
+        self._on_progress = on_progress
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with self._pipe:
+            for line in self._pipe:
+                try:
+                    event = Progress.model_validate_json(line)
+                except ValueError:
+                    self.bad_line = self.bad_line or line
+                    continue
+                self._on_progress(event.family, event.seconds)
+
+    def join(self) -> None:
+        # the runner has exited; only a process it forked could still hold the pipe open
+        self._thread.join(timeout=10)
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -223,18 +254,19 @@ def file_records(cache_dir: Path) -> tuple[FileRecord, ...]:
     return tuple(records)
 
 
-def make_manifest(plan: BuildPlan, artifact_dir: Path, result: dict[str, Any], **build_options: Any) -> Manifest:
+def make_manifest(plan: BuildPlan, artifact_dir: Path, result: BuildResult, planned: list[GraphRecord],
+                  **build_options: Any) -> Manifest:
     entry = plan.entry
     fp = fingerprint_entry(entry, runner_env(entry))
-    recorded = [*result.get("startup", []), *result.get("graphs", []), *result.get("runtime", [])]
-    graphs = tuple(GraphRecord.from_dict(g) for g in recorded)
+    graphs = (*(GraphRecord.from_dict(g.model_dump()) for g in result.startup), *planned,
+              *(GraphRecord.from_dict(g.model_dump()) for g in result.runtime))
     return Manifest(
         entry=entry.name, fingerprint=fp.digest, inputs=fp.inputs,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), aotc_version=__version__,
         runner=entry.runner, device=entry.device, files=file_records(artifact_dir / CACHE_DIR_NAME), graphs=graphs,
         extra={"build": {"entry": entry.to_dict(), "planned": len(plan.graphs), **build_options,
-                         "engine_start_seconds": result.get("engine_start_seconds"),
-                         "xla_compile_seconds": result.get("xla_compile_seconds")}},
+                         "engine_start_seconds": result.engine_start_seconds,
+                         "xla_compile_seconds": result.xla_compile_seconds}},
     )
 
 

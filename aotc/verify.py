@@ -19,26 +19,8 @@ from aotc.errors import BadInput, CheckFailed
 from aotc.manifest import CACHE_DIR_NAME, Manifest, VerifySummary
 from aotc.matrix import Entry
 from aotc.plan import plan_entry
-
-
-@dataclass(frozen=True)
-class FamilyCounts:
-    """Per graph family. ``found``: the graph's entry was in the cache (loaded or not);
-    ``loads``: torch_xla's PersistentCacheHit, an executable really deserialized and used."""
-
-    misses: int = 0
-    found: int = 0
-    loads: int = 0
-    deserialize_failures: int = 0
-    new_files: int = 0
-    rewritten_files: int = 0
-    compiles: int = 0
-
-    @classmethod
-    def from_runner(cls, counts: dict[str, Any]) -> FamilyCounts:
-        # runners say "hits" for entries found in the cache, as torch_xla's persistent cache does
-        renamed = {("found" if k == "hits" else k): int(v or 0) for k, v in counts.items()}
-        return cls(**{k: v for k, v in renamed.items() if k in cls.__annotations__})
+from aotc.runners.protocol import FamilyRow
+from aotc.runners.protocol import VerifyResult as RunnerVerify
 
 
 @dataclass(frozen=True)
@@ -46,7 +28,7 @@ class VerifyResult:
     artifact_dir: str
     entry: str
     fingerprint: str
-    families: dict[str, FamilyCounts]
+    families: dict[str, FamilyRow]
     misses: int
     missed: tuple[dict[str, Any], ...]
     replayed_graphs: int
@@ -83,7 +65,7 @@ class VerifyResult:
                 "fingerprint": self.fingerprint, "misses": self.misses, "missed": list(self.missed),
                 "replayed_graphs": self.replayed_graphs, "traffic_requests": self.traffic_requests,
                 "loadable": self.loadable, "seed": self.seed, "evidence": self.evidence, "problem": self.problem,
-                "families": {k: v.__dict__ for k, v in self.families.items()}, "warnings": list(self.warnings)}
+                "families": {k: v.model_dump() for k, v in self.families.items()}, "warnings": list(self.warnings)}
 
 
 def entry_from_manifest(manifest: Manifest) -> Entry:
@@ -104,24 +86,23 @@ def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, 
             raw = run_runner("verify", plan, artifact / CACHE_DIR_NAME, Path(work), traffic=traffic, seed=seed)
         except RunnerFailed as exc:
             raise CheckFailed(str(exc)) from None
-        if raw.get("error") and "families" not in raw:
-            raise CheckFailed(f"{manifest.entry}: verify could not run: {raw['error']}")
+        if raw.error and not raw.families:
+            raise CheckFailed(f"{manifest.entry}: verify could not run: {raw.error}")
     result = _result(artifact, manifest, raw, seed)
     if record:
         replace(manifest, verify=result.summary()).save(artifact)
     return result
 
 
-def _result(artifact: Path, manifest: Manifest, raw: dict[str, Any], seed: int) -> VerifyResult:
-    families = {name: FamilyCounts.from_runner(counts) for name, counts in raw.get("families", {}).items()}
-    misses = int(raw.get("misses", sum(c.misses for c in families.values())))
+def _result(artifact: Path, manifest: Manifest, raw: RunnerVerify, seed: int) -> VerifyResult:
+    families = raw.families
+    misses = max(raw.misses, sum(c.misses for c in families.values()))
     loads = sum(c.loads for c in families.values())
     failures = sum(c.deserialize_failures for c in families.values())
     # never report a load that did not happen, whatever the runner believed
-    loadable = bool(raw.get("loadable")) and loads > 0 and failures == 0
+    loadable = raw.loadable and loads > 0 and failures == 0
     return VerifyResult(artifact_dir=str(artifact), entry=manifest.entry, fingerprint=manifest.fingerprint,
-                        families=families, misses=misses, missed=tuple(raw.get("missed", [])),
-                        replayed_graphs=int(raw.get("replayed_graphs", 0)),
-                        traffic_requests=int(raw.get("traffic_requests", 0)), loadable=loadable,
-                        evidence=str(raw.get("evidence", "")), seed=seed, warnings=tuple(raw.get("warnings", [])),
-                        problem=None if misses else raw.get("error"))
+                        families=families, misses=misses, missed=tuple(m.model_dump() for m in raw.missed),
+                        replayed_graphs=raw.replayed_graphs, traffic_requests=raw.traffic_requests, loadable=loadable,
+                        evidence=raw.evidence, seed=seed, warnings=tuple(raw.warnings),
+                        problem=None if misses else raw.error)

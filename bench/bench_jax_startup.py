@@ -58,7 +58,7 @@ def child(cache: str) -> None:
 
     session = Session.start(json.load(sys.stdin), cache)
     total = records.totals(records.family_table(session.records(), {}))
-    print(json.dumps({"seconds": session.start_seconds, "compiled": total["compiles"], "loaded": total["hits"],
+    print(json.dumps({"seconds": session.start_seconds, "compiled": total["compiles"], "loaded": total["found"],
                       "requests": total["requests"]}))
     sys.stdout.flush()
     os._exit(0)

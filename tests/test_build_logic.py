@@ -2,11 +2,13 @@
 
 import pytest
 
-from aotc.build import build_problems, shard_entries
+from aotc.build import plan_coverage, shard_entries
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
+from aotc.runners.protocol import BuildResult, Graph
+from aotc.runners.protocol import VerifyResult as RunnerVerify
 from aotc.verify import _result
 
 from .conftest import CONFIGS
@@ -32,14 +34,25 @@ def plan():
     return plan_entry(EXAMPLE.entries[0])
 
 
-def test_build_problems_name_missing_and_unplanned_graphs():
+def test_plan_coverage_names_missing_empty_and_unplanned_graphs():
     p = plan()
-    graphs = [g.to_dict() | {"keys": ["tp1_rank0/1"]} for g in p.graphs]
-    assert build_problems(p, {"graphs": graphs}) == []
-    graphs[3]["keys"] = []
-    problems = build_problems(p, {"graphs": graphs, "unplanned": [{"family": "backbone", "shape": {"num_tokens": 7}}]})
-    assert problems[0].startswith(f"planned graph produced no cache entry: {p.graphs[3].family}[")
-    assert problems[1] == "capture compiled a graph the plan does not list: backbone[num_tokens=7]"
+    # the runner reports calls in its own order, shapes with keys in any order, some graphs twice
+    calls = [Graph(family=g.family, shape=dict(reversed(g.shape)), keys=[f"tp1_rank0/{i}"])
+             for i, g in enumerate(reversed(p.graphs))]
+    graphs, problems = plan_coverage(p, BuildResult(calls=calls + calls[:2]))
+    assert problems == []
+    assert [(g.family, g.shape) for g in graphs] == [(s.family, s.shape_dict) for s in p.graphs]
+    assert all(len(g.keys) == 1 for g in graphs)
+
+    empty = calls[:]
+    empty[-4] = empty[-4].model_copy(update={"keys": []})  # p.graphs[3]
+    extra = Graph(family="backbone", shape={"num_tokens": 7}, keys=["tp1_rank0/x"])
+    _, problems = plan_coverage(p, BuildResult(calls=empty[1:] + [extra]))
+    assert problems == [
+        f"planned graph produced no cache entry: {p.graphs[3].family}[{p.graphs[3].label}]",
+        f"planned graph was never compiled by the runner: {p.graphs[-1].family}[{p.graphs[-1].label}]",
+        "capture compiled a graph the plan does not list: backbone[num_tokens=7]",
+    ]
 
 
 def manifest():
@@ -48,21 +61,27 @@ def manifest():
 
 
 def test_verdict_never_claims_a_load_that_did_not_happen():
-    raw = {"families": {"backbone": {"misses": 0, "hits": 6, "loads": 0, "deserialize_failures": 6}},
-           "misses": 0, "loadable": True, "replayed_graphs": 6}
+    raw = RunnerVerify.model_validate({"families": {"backbone": {"found": 6, "deserialize_failures": 6}},
+                                       "loadable": True, "replayed_graphs": 6})
     result = _result(None, manifest(), raw, seed=1)
     assert result.ok and not result.loadable
     assert result.verdict.startswith("covered, not loadable")
 
 
 def test_verdict_loadable_needs_hits_and_no_failures():
-    raw = {"families": {"backbone": {"misses": 0, "hits": 6, "loads": 6, "deserialize_failures": 0}},
-           "misses": 0, "loadable": True}
+    raw = RunnerVerify.model_validate({"families": {"backbone": {"found": 6, "loads": 6}}, "loadable": True})
     assert _result(None, manifest(), raw, seed=1).loadable
 
 
 def test_a_miss_fails_and_names_the_family():
-    raw = {"families": {"gather_logprobs": {"misses": 1}}, "misses": 1,
-           "missed": [{"family": "gather_logprobs", "shape": {"num_reqs": 8}}]}
+    raw = RunnerVerify.model_validate({"families": {"gather_logprobs": {"misses": 1}}, "misses": 1, "missed": [
+        {"family": "gather_logprobs", "shape": {"num_reqs": 8}, "key": "tp1_rank0/x"}]})
     result = _result(None, manifest(), raw, seed=1)
     assert not result.ok and "gather_logprobs" in result.verdict
+
+
+def test_a_misspelled_key_in_a_runner_result_fails_instead_of_counting_zero():
+    with pytest.raises(ValueError, match="hits"):
+        RunnerVerify.model_validate({"families": {"backbone": {"hits": 6}}})
+    with pytest.raises(ValueError, match="graphs"):
+        BuildResult.model_validate({"graphs": []})

@@ -1,10 +1,13 @@
-"""Plan matching and verify bookkeeping on synthetic worker records (no torch)."""
+"""Capture reporting (judged by the core) and verify bookkeeping on synthetic worker records (no torch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from aotc.runners.vllm_tpu.build import match_plan
+from aotc.build import plan_coverage
+from aotc.graphs import BuildPlan, GraphSpec
+from aotc.runners.protocol import BuildResult
+from aotc.runners.vllm_tpu.build import capture_calls, capture_outside
 from aotc.runners.vllm_tpu.records import runtime_graphs
 from aotc.runners.vllm_tpu.verify import family_table, missed
 
@@ -14,40 +17,44 @@ def rec(phase, kind, family, shape=None, new=(), rewritten=(), **stats):
             "rewritten": list(rewritten), "stats": stats, "seconds": 0.0}
 
 
-PLAN = [
-    {"family": "backbone", "shape": {"num_tokens": 16, "num_reqs": 8, "num_blocks": 8}},
-    {"family": "compute_logits", "shape": {"num_reqs": 8}},
-]
+PLAN = BuildPlan(None, (GraphSpec.of("backbone", num_tokens=16, num_reqs=8, num_blocks=8),
+                        GraphSpec.of("compute_logits", num_reqs=8)), {})
+BACKBONE = PLAN.graphs[0].shape_dict
 
 
-def test_match_plan_ties_keys_to_planned_calls_in_plan_order():
+def judged(recs):
+    """What the runner reports of these records, judged by the core (the one judge of plan coverage)."""
+    return plan_coverage(PLAN, BuildResult(calls=capture_calls(recs), capture_outside=capture_outside(recs)))
+
+
+def test_reported_calls_tie_keys_to_planned_graphs_in_plan_order():
     recs = [
         rec("capture", "call", "compute_logits", {"num_reqs": 8}, new=["r/b"], CompileSeconds=0.5),
-        rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/a"]),
+        rec("capture", "call", "backbone", BACKBONE, new=["r/a"]),
     ]
-    graphs, unplanned, errors = match_plan(PLAN, recs)
-    assert [g["keys"] for g in graphs] == [["r/a"], ["r/b"]]
-    assert graphs[1]["compile_seconds"] == 0.5
-    assert unplanned == [] and errors == []
+    graphs, problems = judged(recs)
+    assert [g.keys for g in graphs] == [("r/a",), ("r/b",)]
+    assert graphs[1].compile_seconds == 0.5
+    assert problems == []
 
 
-def test_match_plan_fails_on_empty_or_missing_planned_graph():
-    recs = [rec("capture", "call", "backbone", PLAN[0]["shape"])]
-    _, _, errors = match_plan(PLAN, recs)
-    assert any("produced no cache file" in e for e in errors)
-    assert any("never called" in e and "compute_logits" in e for e in errors)
+def test_an_empty_or_missing_planned_graph_fails():
+    _, problems = judged([rec("capture", "call", "backbone", BACKBONE)])
+    assert any("produced no cache entry" in e and "backbone" in e for e in problems)
+    assert any("never compiled" in e and "compute_logits" in e for e in problems)
 
 
-def test_match_plan_flags_unplanned_capture_compiles():
+def test_unplanned_capture_compiles_fail():
     recs = [
-        rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/a"]),
+        rec("capture", "call", "backbone", BACKBONE, new=["r/a"]),
         rec("capture", "call", "compute_logits", {"num_reqs": 8}, new=["r/b"]),
         rec("capture", "call", "compute_logits", {"num_reqs": 16}, new=["r/c"]),
         rec("capture", "family", "compute_logits", new=["r/d"]),
     ]
-    _, unplanned, errors = match_plan(PLAN, recs)
-    assert [u["keys"] for u in unplanned] == [["r/c"], ["r/d"]]
-    assert len(errors) == 2
+    assert [g.keys for g in capture_outside(recs)] == [["r/d"]]
+    _, problems = judged(recs)
+    assert problems == ["capture compiled a graph the plan does not list: compute_logits[num_reqs=16]",
+                        "capture compiled a graph the plan does not list: compute_logits[outside_call=True]"]
 
 
 def test_runtime_calls_inherit_their_step_shape():
@@ -64,25 +71,26 @@ def test_runtime_calls_inherit_their_step_shape():
 def test_verify_counts_new_files_as_misses_and_rewrites_as_failed_loads():
     recs = [
         rec("startup", "phase", "load_model", rewritten=["r/w"], PersistentCacheDeserializeFailure=1),
-        rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/new"], rewritten=["r/b"],
+        rec("capture", "call", "backbone", BACKBONE, new=["r/new"], rewritten=["r/b"],
             PersistentCacheDeserializeFailure=1, UncachedCompile=2),
         rec("runtime", "step", "runtime", {"what": "sample_tokens"}, PersistentCacheHit=1),
     ]
     table = family_table(recs)
-    assert table["backbone"] | {} == {"misses": 1, "hits": 1, "loads": 0, "deserialize_failures": 1,
-                                      "new_files": 1, "rewritten_files": 1, "compiles": 2}
-    assert table["startup"]["hits"] == 1 and table["runtime"]["loads"] == 1
-    assert missed(recs) == [{"family": "backbone", "shape": PLAN[0]["shape"], "key": "r/new"}]
+    assert table["backbone"] == {"requests": 0, "found": 1, "loads": 0, "misses": 1, "writes": 0, "new_files": 1,
+                                 "rewritten_files": 1, "compiles": 2, "uncached_compiles": 0,
+                                 "deserialize_failures": 1}
+    assert table["startup"]["found"] == 1 and table["runtime"]["loads"] == 1
+    assert missed(recs) == [{"family": "backbone", "shape": BACKBONE, "key": "r/new"}]
 
 
 def test_verdict_fails_on_misses_and_on_compiles_that_left_no_cache_trace():
     from aotc.runners.vllm_tpu.verify import verdict
 
-    clean = [rec("capture", "call", "backbone", PLAN[0]["shape"], rewritten=["r/a"], UncachedCompile=1)]
+    clean = [rec("capture", "call", "backbone", BACKBONE, rewritten=["r/a"], UncachedCompile=1)]
     assert verdict(family_table(clean), missed(clean)) is None
     stray = [rec("runtime", "step", "runtime", {"what": "sample_tokens"}, UncachedCompile=1)]
     assert "bypassed the persistent cache" in verdict(family_table(stray), missed(stray))
-    miss = [rec("capture", "call", "backbone", PLAN[0]["shape"], new=["r/n"], UncachedCompile=1)]
+    miss = [rec("capture", "call", "backbone", BACKBONE, new=["r/n"], UncachedCompile=1)]
     assert verdict(family_table(miss), missed(miss)) == "1 graph(s) missed the cache in: backbone"
 
 
@@ -95,7 +103,7 @@ def test_runner_rejects_a_bad_request_with_exit_2(tmp_path):
     req.write_text(json.dumps({"entry": {"model": "x"}, "plan": []}))
     proc = subprocess.run([sys.executable, "-m", "aotc.runners.vllm_tpu", "build", str(req), str(tmp_path / "r.json")],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and "missing" in proc.stderr
+    assert proc.returncode == 2 and "bad request" in proc.stderr and "missing" in proc.stderr
 
 
 @pytest.mark.parametrize("gap", [0, 16, 32])

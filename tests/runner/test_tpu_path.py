@@ -98,7 +98,8 @@ def test_start_engine_mocked_tpu_starts_vllm_with_tpu_worker_and_cache(tmp_path,
 
 
 def test_tpu_worker_watches_vllms_per_rank_dir_mocked_tpu(tmp_path, monkeypatch):
-    worker_mod = pytest.importorskip("aotc.runners.vllm_tpu.worker")
+    # the full stack is the test venv's (CI installs it): a missing torch_xla fails, never skips
+    import aotc.runners.vllm_tpu.worker as worker_mod
     import torch_xla.runtime as xr
     from vllm.v1.worker.tpu_worker import TPUWorker
 

@@ -5,12 +5,10 @@ Runs under the JAX venv's interpreter (AOTC_PYTHON_TPU_INFERENCE), never the cor
 
 from __future__ import annotations
 
-from typing import Any
-
-from aotc.runners.protocol import exit_now, serve
+from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, exit_now, serve
 
 
-def run(mode: str, request: dict[str, Any]) -> dict[str, Any]:
+def run(mode: Mode, request: Request) -> BuildResult | VerifyResult:
     if mode == "build":
         from .build import run_build
 

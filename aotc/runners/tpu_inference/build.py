@@ -1,38 +1,23 @@
-"""build: vLLM-TPU starts on the staging cache, every planned precompile is tied to the files it wrote,
-then a traffic sweep adds what serving compiles beyond warm-up."""
+"""build: vLLM-TPU starts on the staging cache; every precompile call is reported with the files it wrote,
+then a traffic sweep adds what serving compiles beyond warm-up. The core judges the calls against the plan
+(aotc/build.py: plan_problems)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from aotc.fingerprint import xla_flags
+from aotc.runners.protocol import BuildResult, Graph, Request
 
 from . import records
-from .records import Record, shape_key, touched
+from .records import Record, touched
 from .session import RUNNER, Session, effective_flags
 
 
-def match_plan(plan: list[dict], recs: list[Record]) -> tuple[list[dict], list[dict], list[str]]:
-    """(graphs in plan order with their keys, unplanned precompiles, errors)."""
-    calls: dict[str, list[Record]] = {}
-    for r in recs:
-        if records.is_call(r):
-            calls.setdefault(shape_key(r["family"], r["shape"]), []).append(r)
-    graphs, errors = [], []
-    for item in plan:
-        matched = calls.get(shape_key(item["family"], item["shape"]), [])
-        keys = sorted({k for r in matched for k in touched(r)})
-        graphs.append({**item, "keys": keys, "compile_seconds": records.compile_seconds(matched)})
-        if not matched:
-            errors.append(f"planned graph {item['family']} {item['shape']} was never precompiled by tpu-inference")
-        elif not keys:
-            errors.append(f"planned graph {item['family']} {item['shape']} produced no cache file")
-    planned = {shape_key(i["family"], i["shape"]) for i in plan}
-    unplanned = [{"family": r["family"], "shape": r["shape"], "keys": touched(r)}
-                 for r in recs if records.is_call(r) and shape_key(r["family"], r["shape"]) not in planned]
-    errors += [f"tpu-inference precompiled unplanned graph {u['family']} {u['shape']}" for u in unplanned]
-    return graphs, unplanned, errors
+def precompile_calls(recs: list[Record]) -> list[Graph]:
+    """Each `_run_compilation` call (and its warm-up pass), with the cache files it touched, in call order."""
+    return [Graph(family=r["family"], shape=r["shape"], keys=touched(r), compile_seconds=r["compile_seconds"])
+            for r in recs if records.is_call(r)]
 
 
 def flag_error(launch_env: dict[str, str]) -> str | None:
@@ -44,28 +29,20 @@ def flag_error(launch_env: dict[str, str]) -> str | None:
     return None
 
 
-def run_build(request: dict[str, Any]) -> dict[str, Any]:
-    entry, seed = request["entry"], int(request.get("seed", 0))
+def run_build(request: Request) -> BuildResult:
     launch_env = dict(os.environ)
-    session = Session.start(entry, request["cache_dir"])
+    session = Session.start(request.entry, request.cache_dir)
     capture = session.records()
-    graphs, unplanned, errors = match_plan(request["plan"], capture)
-    result: dict[str, Any] = {
-        "graphs": graphs,
-        "unplanned": unplanned,
-        "startup": records.graphs_outside_calls(capture, records.STARTUP),
-        "engine_start_seconds": round(session.start_seconds, 3),
-        "xla_flags": effective_flags(),
-    }
+    result = BuildResult(calls=precompile_calls(capture),
+                         startup=records.graphs_outside_calls(capture, records.STARTUP),
+                         engine_start_seconds=round(session.start_seconds, 3), xla_flags=effective_flags())
     if error := flag_error(launch_env):
-        errors.append(error)
-    if errors:
-        return {**result, "error": "; ".join(errors)}
-    result["traffic_requests"] = session.drive_traffic(seed, int(request.get("traffic", 32)))
+        return result.model_copy(update={"error": error})
+    sent = session.drive_traffic(request.seed, request.traffic)
     recs = session.records()
-    result.update(
-        runtime=records.graphs_outside_calls(recs, records.RUNTIME),
-        xla_compile_seconds=records.compile_seconds(recs),
-        metrics=records.totals(records.family_table(recs, {})),
-    )
-    return result
+    return result.model_copy(update={
+        "traffic_requests": sent,
+        "runtime": [Graph.model_validate(g) for g in records.graphs_outside_calls(recs, records.RUNTIME)],
+        "xla_compile_seconds": records.compile_seconds(recs),
+        "metrics": records.totals(records.family_table(recs, {})),
+    })

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from typing import Any
+
+from aotc.runners.protocol import FamilyProgress
 
 from .probe import Probe
 
@@ -41,6 +44,10 @@ def shape_of(kwargs: dict[str, Any]) -> dict[str, Any]:
             if k not in _RUN_COMPILATION_OPTIONS and (v is None or isinstance(v, (int, float, bool, str)))}
 
 
+# tpu-inference compiles family by family through one _run_compilation: a family is done when the next starts
+PROGRESS = FamilyProgress()
+
+
 def install(probe: Probe) -> None:
     from tpu_inference.runner.compilation_manager import CompilationManager
     from tpu_inference.runner.tpu_runner import TPUModelRunner
@@ -55,8 +62,10 @@ def _measured_compilation(probe: Probe, run_compilation):
     def measured(self, name, fn, *args, **kwargs):
         family, shape = family_of(name), shape_of(kwargs)
         queued = len(self._warmup_tasks)
+        started = time.perf_counter()
         with probe.window("call", family, shape):
             result = run_compilation(self, name, fn, *args, **kwargs)
+        PROGRESS.call(family, time.perf_counter() - started)
         if len(self._warmup_tasks) > queued:
             # The warm-up pass compiles what AOT lowering skipped (e.g. the backbone, not a jit).
             task_name, task_fn, task_args, task_kwargs, handler = self._warmup_tasks[-1]

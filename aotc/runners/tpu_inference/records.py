@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
+
+from aotc.runners.protocol import ROW_FIELDS
 
 Record = dict[str, Any]
 STARTUP = "startup"
 RUNTIME = "runtime"
-ROW_FIELDS = ("requests", "hits", "loads", "misses", "writes", "new_files", "compiles", "uncached_compiles",
-              "deserialize_failures")
-
-
-def shape_key(family: str, shape: dict[str, Any]) -> str:
-    return json.dumps([family, shape], sort_keys=True)
 
 
 def touched(record: Record) -> list[str]:
@@ -44,12 +39,13 @@ def graphs_outside_calls(records: list[Record], family: str) -> list[dict[str, A
 
 
 def family_table(records: list[Record], new_files: dict[str, int], always: Iterable[str] = ()) -> dict[str, dict]:
-    """Per family: compile requests, persistent-cache hits (= executables loaded), misses, writes, ..."""
+    """Per family: compile requests, persistent-cache hits (found = loads: JAX deserializes every entry it
+    finds), misses, writes, ..."""
     table = {name: dict.fromkeys(ROW_FIELDS, 0) for name in always}
     for r in records:
         row = table.setdefault(family_of(r), dict.fromkeys(ROW_FIELDS, 0))
         row["requests"] += r["requests"]
-        row["hits"] += r["hits"]
+        row["found"] += r["hits"]
         row["loads"] += r["hits"]
         row["misses"] += r["requests"] - r["hits"]
         row["writes"] += r["writes"]

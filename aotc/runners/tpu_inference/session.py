@@ -33,6 +33,7 @@ class Session:
             instrument.install(probe)
 
         llm, seconds = engine.start_engine(entry, cache_dir, before_start=hook)
+        instrument.PROGRESS.flush()
         probe.enter_phase("runtime")
         return cls(llm, probe, seconds, entry)
 

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from typing import Any
 
+from aotc.runners.protocol import Request, VerifyResult
+
 from . import records
 from .records import Record
 from .session import Session
@@ -41,7 +43,7 @@ def missed(recs: list[Record]) -> list[dict[str, Any]]:
 def evidence(total: dict[str, int], artifact_files: int) -> str:
     return (f"A fresh vLLM-TPU (tpu-inference, JAX) ran start-up, its precompiles and the traffic on a writable "
             f"copy of the {artifact_files} artifact cache files. JAX monitoring: {total['requests']} compile "
-            f"requests used the persistent cache, {total['hits']} were hits (executables deserialized from the "
+            f"requests used the persistent cache, {total['found']} were hits (executables deserialized from the "
             f"artifact, not compiled), {total['writes']} entries written; {total['compiles']} XLA compile(s), of "
             f"which {total['uncached_compiles']} bypassed the persistent cache; {total['new_files']} new file(s) in "
             f"the cache dir; {total['deserialize_failures']} entries failed to load.")
@@ -60,30 +62,28 @@ def verdict(total: dict[str, int], table: dict[str, dict]) -> str | None:
     return "; ".join(problems) or None
 
 
-def run_verify(request: dict[str, Any]) -> dict[str, Any]:
-    entry, seed = request["entry"], int(request.get("seed", 0))
+def run_verify(request: Request) -> VerifyResult:
     with tempfile.TemporaryDirectory(prefix="aotc-verify-") as scratch:
-        cache = shutil.copytree(request["cache_dir"], os.path.join(scratch, "cache"))
+        cache = shutil.copytree(request.cache_dir, os.path.join(scratch, "cache"))
         before = cache_files(cache)
-        session = Session.start(entry, cache)
-        sent = session.drive_traffic(seed, int(request.get("traffic", 32)))
+        session = Session.start(request.entry, cache)
+        sent = session.drive_traffic(request.seed, request.traffic)
         recs = session.records()
         new = cache_files(cache) - before
 
-    always = (*dict.fromkeys(p["family"] for p in request["plan"]), records.STARTUP, records.RUNTIME)
+    always = (*dict.fromkeys(p.family for p in request.plan), records.STARTUP, records.RUNTIME)
     table = records.family_table(recs, new_files_by_family(recs, set(new)), always)
     total = records.totals(table)
-    result = {
-        "families": table,
-        "misses": max(total["misses"], total["new_files"]),
-        "missed": missed(recs),
-        "replayed_graphs": total["hits"],
-        "traffic_requests": sent,
+    return VerifyResult(
+        families=table,
+        misses=max(total["misses"], total["new_files"]),
+        missed=missed(recs),
+        replayed_graphs=total["found"],
+        traffic_requests=sent,
         # A hit is an executable deserialized from the artifact: a real load, not a promise.
-        "loadable": total["hits"] > 0 and total["hits"] == total["requests"] and not total["deserialize_failures"],
-        "engine_start_seconds": round(session.start_seconds, 3),
-        "evidence": evidence(total, len(before)),
-        "metrics": total,
-        "error": verdict(total, table),
-    }
-    return {k: v for k, v in result.items() if v is not None}
+        loadable=total["found"] > 0 and total["found"] == total["requests"] and not total["deserialize_failures"],
+        engine_start_seconds=round(session.start_seconds, 3),
+        evidence=evidence(total, len(before)),
+        metrics=total,
+        error=verdict(total, table),
+    )

@@ -12,7 +12,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 
-from aotc.runners.protocol import exit_now, serve
+from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, exit_now, serve
 
 from .probe import STDERR_LOG_ENV
 
@@ -55,7 +55,7 @@ def _echo(path: str, out_fd: int, stop: threading.Event) -> None:
             stop.wait(0.2)
 
 
-def run(mode: str, request: dict) -> dict:
+def run(mode: Mode, request: Request) -> BuildResult | VerifyResult:
     with stderr_to_file() as log_path:
         os.environ[STDERR_LOG_ENV] = log_path
         if mode == "build":

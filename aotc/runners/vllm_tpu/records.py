@@ -5,7 +5,6 @@ Pure data shuffling (no torch), shared by build and verify.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,10 +14,6 @@ STARTUP = "startup"
 RUNTIME = "runtime"
 UNATTRIBUTED = "unattributed"
 CAPTURE_OUTSIDE_FAMILY = "capture_model"
-
-
-def shape_key(family: str, shape: dict[str, Any]) -> str:
-    return json.dumps([family, shape], sort_keys=True)
 
 
 def touched(record: Record) -> list[str]:

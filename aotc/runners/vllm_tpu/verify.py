@@ -13,24 +13,23 @@ import shutil
 import tempfile
 from typing import Any
 
+from aotc.runners.protocol import ROW_FIELDS, Request, VerifyResult
+
 from . import engine, records, traffic
 from .probe import snapshot
 from .records import Record
 
-FAMILY_FIELDS = ("misses", "hits", "loads", "deserialize_failures", "new_files", "rewritten_files", "compiles")
-
-
 def family_table(recs: list[Record], always: tuple[str, ...] = ()) -> dict[str, dict[str, int]]:
     """Per-family evidence; families with none are listed only if in `always`."""
-    table: dict[str, dict[str, int]] = {name: dict.fromkeys(FAMILY_FIELDS, 0) for name in always}
+    table: dict[str, dict[str, int]] = {name: dict.fromkeys(ROW_FIELDS, 0) for name in always}
     for r in recs:
-        row = table.setdefault(records.family_of(r), dict.fromkeys(FAMILY_FIELDS, 0))
+        row = table.setdefault(records.family_of(r), dict.fromkeys(ROW_FIELDS, 0))
         loads = int(r["stats"].get("PersistentCacheHit", 0))
         row["new_files"] += len(r["new"])
         row["misses"] += len(r["new"])
         row["rewritten_files"] += len(r["rewritten"])
         row["loads"] += loads
-        row["hits"] += len(r["rewritten"]) + loads
+        row["found"] += len(r["rewritten"]) + loads
         row["deserialize_failures"] += int(r["stats"].get("PersistentCacheDeserializeFailure", 0))
         row["compiles"] += int(r["stats"].get("UncachedCompile", 0))
     return {name: row for name, row in table.items() if name in always or any(row.values())}
@@ -45,7 +44,7 @@ def missed(recs: list[Record]) -> list[dict[str, Any]]:
 
 
 def evidence(table: dict, counters: dict, cache_files: int, warnings: int) -> str:
-    total = {f: sum(row[f] for row in table.values()) for f in FAMILY_FIELDS}
+    total = {f: sum(row[f] for row in table.values()) for f in ROW_FIELDS}
     lines = [
         f"Watched a writable copy of the {cache_files} artifact cache files during vLLM start-up "
         f"(capture_model) and traffic: {total['new_files']} new file(s) = graphs compiled that the "
@@ -78,37 +77,36 @@ def evidence(table: dict, counters: dict, cache_files: int, warnings: int) -> st
     return " ".join(lines)
 
 
-def run_verify(request: dict[str, Any]) -> dict[str, Any]:
-    entry = request["entry"]
-    seed = int(request.get("seed", 0))
+def run_verify(request: Request) -> VerifyResult:
+    entry, seed = request.entry, request.seed
     with tempfile.TemporaryDirectory(prefix="aotc-verify-") as scratch:
-        cache = shutil.copytree(request["cache_dir"], f"{scratch}/cache")
+        cache = shutil.copytree(request.cache_dir, f"{scratch}/cache")
         cache_files = len(snapshot(cache))
         llm, start_seconds = engine.start_engine(entry, cache, seed)
-        batches = traffic.plan_traffic(seed, int(request.get("traffic", 32)), entry, engine.vocab_size(llm))
+        batches = traffic.plan_traffic(seed, request.traffic, entry, engine.vocab_size(llm))
         sent = traffic.run_traffic(llm, batches)
         recs, counters = engine.worker_records(llm)
 
-    table = family_table(recs, always=(*dict.fromkeys(p["family"] for p in request["plan"]), records.RUNTIME))
+    table = family_table(recs, always=(*dict.fromkeys(p.family for p in request.plan), records.RUNTIME))
     total_misses = sum(row["misses"] for row in table.values())
     loads = sum(row["loads"] for row in table.values())
     failures = sum(row["deserialize_failures"] + row["rewritten_files"] for row in table.values())
     warnings = int(sum(r["stats"].get("DeserializeWarnings", 0) for r in recs))
-    result = {
-        "families": table,
-        "misses": total_misses,
-        "missed": missed(recs),
-        "replayed_graphs": sum(row["hits"] for row in table.values()),
-        "traffic_requests": sent,
+    missed_graphs = missed(recs)
+    return VerifyResult(
+        families=table,
+        misses=total_misses,
+        missed=missed_graphs,
+        replayed_graphs=sum(row["found"] for row in table.values()),
+        traffic_requests=sent,
         # Only a load that happened counts; torch_xla 2.9 cannot load its cache
         # (pytorch/xla#9094), so expect False there.
-        "loadable": loads > 0 and failures == 0,
-        "engine_start_seconds": round(start_seconds, 3),
-        "evidence": evidence(table, counters, cache_files, warnings),
-        "metrics": counters,
-    }
-    result["error"] = verdict(table, result["missed"])
-    return {k: v for k, v in result.items() if v is not None}
+        loadable=loads > 0 and failures == 0,
+        engine_start_seconds=round(start_seconds, 3),
+        evidence=evidence(table, counters, cache_files, warnings),
+        metrics=counters,
+        error=verdict(table, missed_graphs),
+    )
 
 
 def verdict(table: dict[str, dict[str, int]], missed_graphs: list[dict]) -> str | None:

@@ -11,9 +11,7 @@ which works the same in-process (tp=1) and across worker processes.
 from __future__ import annotations
 
 import functools
-import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +22,7 @@ from vllm.utils.math_utils import cdiv
 from vllm.v1.worker import tpu_model_runner as tmr
 from vllm.v1.worker.tpu_worker import TPUWorker
 
-from aotc.runners import PROGRESS_MARKER
+from aotc.runners.protocol import report_progress
 
 from .probe import STDERR_LOG_ENV, Probe
 
@@ -159,16 +157,10 @@ class AotcTPUWorker(TPUWorker):
             with probe.window(kind, family, shape):
                 result = fn(*args, **kwargs)
             if kind == "family":
-                progress_line(family, time.perf_counter() - started)
+                report_progress(family, time.perf_counter() - started)
             return result
 
         return measured
-
-
-def progress_line(family: str, seconds: float) -> None:
-    """One marker line per finished family; `aotc build` follows the log and shows them."""
-    print(f"{PROGRESS_MARKER} {json.dumps({'family': family, 'seconds': round(seconds, 2)})}", file=sys.stderr,
-          flush=True)
 
 
 def _raw_counters() -> dict[str, int]:
