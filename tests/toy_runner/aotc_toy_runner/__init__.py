@@ -1,0 +1,18 @@
+"""A toy third backend, as a third party would ship one: its own package, registered only through the
+``aotc.runners`` entry point (aotc_toy_runner-0.1.0.dist-info/entry_points.txt), no core edit.
+
+It "compiles" a graph by writing one file named after the graph's digest; verify reads them back.
+No vLLM, no XLA: it exercises the runner interface and the protocol, not a compiler.
+"""
+
+from aotc.runners.spec import RunnerSpec
+
+SPEC = RunnerSpec(
+    name="toy",
+    module="aotc_toy_runner",
+    buckets="aotc_toy_runner.buckets",
+    packages=("pyyaml",),
+    env_vars=("AOTC_TOY_SALT",),
+    devices=("cpu",),
+    validate="aotc_toy_runner.buckets:validate",
+)
