@@ -1,4 +1,4 @@
-"""Error types and the exit codes they map to (DESIGN.md: CLI exit codes).
+"""Error types and the exit codes they map to (docs/design.md, "Exit codes").
 
 Each error subclasses the built-in that best describes it, so library callers can catch
 ``ValueError`` / ``FileNotFoundError`` without knowing aotc; the CLI maps them to exit codes in one place.
@@ -6,7 +6,6 @@ Each error subclasses the built-in that best describes it, so library callers ca
 
 from __future__ import annotations
 
-EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 3

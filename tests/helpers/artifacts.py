@@ -38,10 +38,6 @@ def make_artifact(root: str | Path, entry: str = "model-a--len2048-tp1", files: 
     return out
 
 
-def write_manifest(artifact_dir: str | Path, manifest: Manifest) -> None:
-    manifest.save(artifact_dir)
-
-
 def tree(path: str | Path) -> dict[str, bytes]:
     """{relative path: bytes} of every regular file under path (links reported as such)."""
     out = {}

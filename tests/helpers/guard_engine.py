@@ -1,8 +1,9 @@
 """python -m tests.helpers.guard_engine ENTRY.json CACHE_DIR
 
-Starts vLLM on the CPU twin with VLLM_XLA_CACHE_PATH=CACHE_DIR (the way a pod would after
-``aotc fetch``), then sends one batch mixing greedy and random sampling: capture_model never
-traces that sampler variant, so it compiles after warm-up. Prints one marked JSON line with the outcome;
+Starts vLLM on the CPU twin with VLLM_XLA_CACHE_PATH=CACHE_DIR, through the vllm-tpu runner's engine: the
+worker is aotc's measuring CPU-twin worker (the CPU needs it), not the stock TPUWorker a pod runs after
+``aotc fetch``. Then it sends one batch mixing greedy and random sampling: capture_model never traces that
+sampler variant, so it compiles after warm-up. Prints one marked JSON line with the outcome;
 the guard's log lines go to stderr with vLLM's.
 """
 

@@ -58,11 +58,26 @@ def test_cpu_twin_attention_matches_tpu_inference_reference(facts):
     assert facts["attention_error"] <= 2 ** -6
 
 
-def test_demo_plan_mirrors_capture_loops():
-    plan = plan_entry(load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0])
-    families = plan.families()
-    assert plan.buckets["token_paddings"] == [16, 32, 64] and plan.buckets["request_paddings"] == [8]
-    assert families == {"sample": 4, "gather_logprobs": 1, "gather_prompt_logprobs": 3, "backbone": 3,
-                        "substitute_placeholder_token": 7, "select_from_array": 3, "compute_logits": 1,
-                        "structured_decoding": 1}
+def test_demo_plan_follows_tpu_inferences_paddings_through_its_precompile_loops(jax_env):
+    """The demo plan's buckets are tpu-inference's own (computed by its helpers under the JAX venv), and each
+    family's count follows from them through the loops of its CompilationManager._precompile_* steps.
+    That the plan equals the precompiles tpu-inference really runs is proven by the build itself
+    (tests/jax/test_build_verify_jax.py): the core's plan_coverage fails a build on any missing or unplanned call."""
+    entry = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
+    theirs = run_jax(jax_env, SCRIPT, {"paddings": [[entry.max_num_seqs, entry.max_num_batched_tokens, 0, 2]]})
+    padded = theirs["paddings"][0]
+    tokens, reqs, attn = padded["tokens"], padded["reqs"], padded["attn_reqs"]
+    plan = plan_entry(entry)
+    assert plan.buckets["token_paddings"] == tokens and plan.buckets["request_paddings"] == reqs
+    assert list(plan.families()) == list(buckets.FAMILIES)  # in the order the engine compiles them
+    assert plan.families() == {
+        "sample": len(reqs) * 2 * 2,  # do_sampling x logprobs
+        "gather_logprobs": len(reqs),
+        "gather_prompt_logprobs": len([t for t in tokens if t <= buckets.MAX_PRECOMPILE_PROMPT_TOKENS]),
+        "backbone": len(tokens) * len(attn),
+        "substitute_placeholder_token": sum(len({n, *reqs}) for n in set(tokens) | set(reqs)),
+        "select_from_array": len([(t, r) for t in tokens for r in reqs if r <= t]),
+        "compute_logits": len(reqs),
+        "structured_decoding": len(reqs),
+    }
     assert len({(g.family, g.shape) for g in plan.graphs}) == len(plan.graphs)
