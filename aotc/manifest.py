@@ -1,4 +1,4 @@
-"""The artifact manifest (schema 1, DESIGN.md) and the path rules every reader enforces."""
+"""The artifact manifest (schema 1, docs/design.md) and the path rules every reader enforces."""
 
 from __future__ import annotations
 
