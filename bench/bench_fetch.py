@@ -3,7 +3,7 @@
     python bench/bench_fetch.py              # ~300 files / 1.1 GB (five of 150 MB, the rest 0.1-2 MB)
     python bench/bench_fetch.py --size 0.1   # every file a tenth as large, for a quick run
 
-A fake-gcs-server (memory backend) sits behind tests/helpers/faultproxy.py (its own process, ``--latency``
+A fake-gcs-server (memory backend) sits behind aotc/testing/faultproxy.py (its own process, ``--latency``
 seconds added to every request). The artifact is published straight to the server; every measurement
 reads through the proxy:
 
@@ -36,8 +36,8 @@ from aotc.fetch import CHUNK_SIZE, DEFAULT_WORKERS, fetch_artifact  # noqa: E402
 from aotc.manifest import Manifest  # noqa: E402
 from aotc.publish import publish_artifacts  # noqa: E402
 from aotc.store import Store  # noqa: E402
-from tests.helpers.artifacts import make_artifact  # noqa: E402
-from tests.helpers.gcs_server import FakeGcs  # noqa: E402
+from aotc.testing.artifacts import make_artifact  # noqa: E402
+from aotc.testing.gcs_server import FakeGcs  # noqa: E402
 
 MB = 1 << 20
 
@@ -51,7 +51,7 @@ def synthetic_files(scale: float, seed: int = 0) -> dict[str, bytes]:
 
 
 def start_proxy(upstream: str, latency: float) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.faultproxy", "--upstream", upstream,
+    proc = subprocess.Popen([sys.executable, "-m", "aotc.testing.faultproxy", "--upstream", upstream,
                              "--latency", str(latency)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
     if line[:1] != ["READY"]:

@@ -1,0 +1,7 @@
+"""Loopback fixtures the tests and the benchmarks share: a fake GCS server (gcs_server), a latency and
+fault-injecting proxy (faultproxy) and synthetic artifact dirs (artifacts).
+
+Development tools, not library: nothing in aotc imports this package, and its heavy or test-only
+dependencies (fake-gcs-server's binary) are imported on first use. It lives in the package (as
+``numpy.testing`` does) so that bench/ need not import from tests/.
+"""
