@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aotc.runners.environ import apply_env
+from aotc.runners.engine_common import apply_env
+from aotc.runners.engine_common import engine_args as common_engine_args
 from aotc.runners.paddings import page_size
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
@@ -64,28 +65,14 @@ ENGINE_SEED = 0
 
 
 def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        # A local model as the matrix resolved it (relative paths are relative to the config, not our cwd).
-        "model": entry.get("model_path") or entry["model"],
-        "max_model_len": entry["max_model_len"],
-        "max_num_seqs": entry["max_num_seqs"],
-        "max_num_batched_tokens": entry["max_num_batched_tokens"],
-        "tensor_parallel_size": entry["tensor_parallel_size"],
-        "dtype": entry["dtype"],
-        # Graphs depend on shapes and dtypes, never on weight values.
-        "load_format": "dummy",
-        "skip_tokenizer_init": True,
-        "seed": ENGINE_SEED,
-        "disable_log_stats": True,
-    }
+    extra: dict[str, Any] = {}
     if entry["device"] == "cpu":
         # The KV cache's page count is a shape in every backbone graph: fix it, for build and verify
         # alike, at what max_num_seqs full-length requests need (+1: vLLM's null block).
-        args["num_gpu_blocks_override"] = kv_blocks(entry)
-    if not entry.get("model_path") and entry.get("revision"):
-        args["revision"] = entry["revision"]
-    args.update(entry.get("engine") or {})
-    return args
+        extra["num_gpu_blocks_override"] = kv_blocks(entry)
+    # A local model as the matrix resolved it (relative paths are relative to the config, not our cwd).
+    local = entry.get("model_path")
+    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED, **extra)
 
 
 def kv_blocks(entry: dict[str, Any]) -> int:

@@ -12,7 +12,8 @@ import os
 import time
 from typing import Any
 
-from aotc.runners.environ import apply_env
+from aotc.runners.engine_common import apply_env
+from aotc.runners.engine_common import engine_args as common_engine_args
 
 from .cpu_platform import ENV_FLAG as TWIN_FLAG
 
@@ -73,25 +74,9 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
 
 
 def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "model": local_model(entry) or entry["model"],
-        "max_model_len": entry["max_model_len"],
-        "max_num_seqs": entry["max_num_seqs"],
-        "max_num_batched_tokens": entry["max_num_batched_tokens"],
-        "tensor_parallel_size": entry["tensor_parallel_size"],
-        "dtype": entry["dtype"],
-        # Graphs depend on shapes and dtypes, never on weight values.
-        "load_format": "dummy",
-        # Prompts are token ids; the tokenizer changes no graph.
-        "skip_tokenizer_init": True,
-        "seed": seed,
-        "worker_cls": CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER,
-        "disable_log_stats": True,
-    }
-    if not local_model(entry) and entry.get("revision"):
-        args["revision"] = entry["revision"]
-    args.update(entry.get("engine") or {})
-    return args
+    local = local_model(entry)
+    return common_engine_args(entry, local or entry["model"], bool(local), seed,
+                              worker_cls=CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER)
 
 
 def start_engine(entry: dict[str, Any], cache_dir: str, seed: int):
