@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -88,7 +87,8 @@ def shard_entries(entries: list[Entry], shard: str | None) -> list[Entry]:
 
 
 def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str | Path = "artifacts",
-                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0) -> BuildReport:
+                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0,
+                 events: BuildEvents | None = None) -> BuildReport:
     if jobs < 1:
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
     selected = shard_entries(matrix.select(entries), shard)
@@ -96,26 +96,26 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     out.mkdir(parents=True, exist_ok=True)
     plans = [plan_entry(e) for e in selected]
     start = time.perf_counter()
-    reporter = _Reporter()
+    events = events or BuildEvents()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, reporter), plans))
+        results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, events), plans))
     return BuildReport(tuple(results), time.perf_counter() - start)
 
 
-def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _Reporter | None = None) -> EntryBuild:
+def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: BuildEvents | None = None) -> EntryBuild:
     entry = plan.entry
-    reporter = reporter or _Reporter()
+    events = events or BuildEvents()
     final = out / entry.name
     staging = out / f".{entry.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     (staging / CACHE_DIR_NAME).mkdir(parents=True)
     start = time.perf_counter()
-    reporter.started(entry.name, len(plan.graphs))
+    events.started(entry.name, len(plan.graphs))
     planned_families = plan.families()
     try:
         result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
                             on_progress=lambda family, seconds: family in planned_families
-                            and reporter.family(entry.name, family, seconds))
+                            and events.family(entry.name, family, seconds))
         graphs, problems = plan_coverage(plan, result)
         manifest = make_manifest(plan, staging, result, graphs, traffic=traffic, seed=seed)
         manifest.save(staging)
@@ -129,7 +129,7 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _
             compile_seconds=result.xla_compile_seconds, log=str(final / LOG_NAME))
     except RunnerFailed as exc:
         report = _failed(entry, plan, start, str(exc), staging)
-    reporter.finished(report)
+    events.finished(report)
     return report
 
 
@@ -279,17 +279,15 @@ def _replace_dir(new: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-class _Reporter:
-    """Lines on stderr as an entry starts, finishes each graph family and ends (readable in CI logs too);
-    the runner's own log goes to a file."""
+class BuildEvents:
+    """Callbacks as an entry starts, finishes each graph family and ends; the library only calls them (the
+    CLI passes one that prints, aotc/render.py: BuildProgressLines). The default says nothing."""
 
     def started(self, name: str, planned: int) -> None:
-        print(f"aotc build: {name}: compiling {planned} planned graphs + traffic sweep", file=sys.stderr, flush=True)
+        pass
 
     def family(self, name: str, family: str, seconds: float) -> None:
-        print(f"aotc build: {name}: {family} compiled in {seconds:.1f}s", file=sys.stderr, flush=True)
+        pass
 
     def finished(self, report: EntryBuild) -> None:
-        status = "ok" if report.ok else f"FAILED: {report.error}"
-        print(f"aotc build: {report.entry}: {status} ({report.wall_seconds:.0f}s, {report.files} files, "
-              f"log {report.log})", file=sys.stderr, flush=True)
+        pass

@@ -62,8 +62,8 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_fingerprint(args: argparse.Namespace, out: Output) -> int:
     from aotc.fingerprint import fingerprint_entry
-    from aotc.render import render_fingerprint
     from aotc.matrix import load_matrix
+    from aotc.render import render_fingerprint
 
     entry = load_matrix(args.config).entry(args.entry)
     fp = fingerprint_entry(entry)
@@ -74,12 +74,12 @@ def cmd_fingerprint(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_build(args: argparse.Namespace, out: Output) -> int:
     from aotc.build import build_matrix
-    from aotc.render import render_build
     from aotc.matrix import load_matrix
+    from aotc.render import BuildProgressLines, render_build
 
     matrix = load_matrix(args.config)
     report = build_matrix(matrix, entries=args.entry, out_dir=args.out, jobs=args.jobs,
-                          shard=args.shard, traffic=args.traffic, seed=args.seed)
+                          shard=args.shard, traffic=args.traffic, seed=args.seed, events=BuildProgressLines())
     out.emit(report.to_dict(), lambda: render_build(report, console()))
     return 0 if report.ok else EXIT_CHECK_FAILED
 

@@ -6,10 +6,11 @@ Owned by the CLI layer; no library module imports rich.
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from aotc.build import BuildReport
+    from aotc.build import BuildReport, EntryBuild
     from aotc.fingerprint import Fingerprint
     from aotc.graphs import BuildPlan, GraphSpec
     from aotc.verify import VerifyResult
@@ -58,6 +59,22 @@ def render_fingerprint(name: str, fp: Fingerprint, console) -> None:
     for key, value in sorted(flatten(fp.inputs).items()):
         table.add_row(key, json.dumps(value))
     console.print(table)
+
+
+class BuildProgressLines:
+    """``aotc build``'s progress (aotc/build.py: BuildEvents): plain lines on stderr, readable in CI logs too;
+    the runner's own log goes to a file."""
+
+    def started(self, name: str, planned: int) -> None:
+        print(f"aotc build: {name}: compiling {planned} planned graphs + traffic sweep", file=sys.stderr, flush=True)
+
+    def family(self, name: str, family: str, seconds: float) -> None:
+        print(f"aotc build: {name}: {family} compiled in {seconds:.1f}s", file=sys.stderr, flush=True)
+
+    def finished(self, report: EntryBuild) -> None:
+        status = "ok" if report.ok else f"FAILED: {report.error}"
+        print(f"aotc build: {report.entry}: {status} ({report.wall_seconds:.0f}s, {report.files} files, "
+              f"log {report.log})", file=sys.stderr, flush=True)
 
 
 def render_build(report: BuildReport, console) -> None:
