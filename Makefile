@@ -12,7 +12,7 @@ JAX_LOCK := requirements/jax.lock
 JAX_VENV ?= $(AOTC_HOME)/venv-jax-$(shell sha256sum $(JAX_LOCK) | cut -c1-12)
 JAX_PYTHON ?= $(shell for p in python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12); do \
 	"$$p" -c "" 2>/dev/null && command -v "$$p" && break; done)
-# How the core finds the runner's interpreter (aotc/build.py: runner_python).
+# How the core finds the runner's interpreter (RunnerSpec.python_env; aotc/fingerprint.py: runner_python).
 export AOTC_PYTHON_TPU_INFERENCE ?= $(JAX_VENV)/bin/python
 UV = $(shell command -v uv || echo $(AOTC_HOME)/uv-$(UV_VERSION)/bin/uv)
 STORE ?= .aotc/store
