@@ -25,7 +25,8 @@ from aotc.errors import BadInput
 from aotc.fingerprint import fingerprint_entry, runner_python
 from aotc.manifest import CACHE_DIR_NAME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
-from aotc.plan import BuildPlan, GraphSpec, plan_entry
+from aotc.graphs import BuildPlan, GraphSpec
+from aotc.plan import plan_entry
 from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
                                    read_result)
 from aotc.runners.spec import load_runner
@@ -120,13 +121,14 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
         manifest = make_manifest(plan, staging, result, graphs, traffic=traffic, seed=seed)
         manifest.save(staging)
         if problems or result.error:
-            return _failed(entry, plan, start, result.error or problems[0], staging, problems)
-        _replace_dir(staging, final)
-        report = EntryBuild(
-            entry=entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
-            graphs_with_keys=sum(1 for g in graphs if g.keys), runtime_graphs=len(result.runtime),
-            files=len(manifest.files), size=manifest.total_size, wall_seconds=time.perf_counter() - start,
-            compile_seconds=result.xla_compile_seconds, log=str(final / LOG_NAME))
+            report = _failed(entry, plan, start, result.error or problems[0], staging, problems)
+        else:
+            _replace_dir(staging, final)
+            report = EntryBuild(
+                entry=entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
+                graphs_with_keys=sum(1 for g in graphs if g.keys), runtime_graphs=len(result.runtime),
+                files=len(manifest.files), size=manifest.total_size, wall_seconds=time.perf_counter() - start,
+                compile_seconds=result.xla_compile_seconds, log=str(final / LOG_NAME))
     except RunnerFailed as exc:
         report = _failed(entry, plan, start, str(exc), staging)
     events.finished(report)

@@ -143,3 +143,14 @@ def test_a_missing_cache_file_fails_verify(built, tmp_path):
     proc = toy("verify", broken, "--json")
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["missed"][0]["key"] == victim.name
+
+
+def test_a_planned_family_the_runner_never_compiled_fails_the_build(config, expected, tmp_path):
+    proc = toy("build", config, "--out", tmp_path, "--json", env={"AOTC_TOY_SKIP": "pick"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    [entry] = json.loads(proc.stdout)["entries"]
+    skipped = [g for g in expected if g.family == "pick"]
+    assert not entry["ok"] and entry["problems"] == [
+        f"planned graph was never compiled by the runner: pick[{g.label}]" for g in skipped]
+    assert f"aotc build: {ENTRY}: FAILED: planned graph was never compiled" in proc.stderr
+    assert not (tmp_path / ENTRY).exists()  # nothing half-built is swapped in
