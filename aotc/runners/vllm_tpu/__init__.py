@@ -3,6 +3,8 @@
 Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT.json`
 (one process per entry). Modules, heaviest last:
 
+* buckets       -- vLLM's paddings and capture_model loops as a plan, and its entry rules (no torch)
+* doctor        -- `aotc doctor`'s torch_xla loadability probe
 * cpu_platform  -- vLLM platform-plugin hook; inert unless AOTC_CPU_TWIN=1
 * records       -- worker records -> families/shapes (no torch)
 * engine        -- entry -> environment + vllm.LLM arguments
