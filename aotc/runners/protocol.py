@@ -10,7 +10,7 @@ finished graph family; the core reads the pipe as lines arrive. The runner's log
 log, never parsed.
 
 The runner reports what it saw, the core judges: plan coverage (a planned graph with no key, a capture
-compile the plan does not list) is decided by the core alone (aotc/build.py: plan_problems) from
+compile the plan does not list) is decided by the core alone (aotc/build.py: plan_coverage) from
 ``BuildResult.calls`` and ``BuildResult.capture_outside``.
 One entry per process: the compiler runtimes are process-global and cannot be reset between entries.
 """

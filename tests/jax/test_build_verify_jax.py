@@ -33,6 +33,8 @@ def artifact(jax_env, tmp_path_factory) -> Path:
     proc = aotc(jax_env, "build", DEMO, "--out", out, "--traffic", "16", "--json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
+    for family in PLAN.families():  # progress lines from the runner's pipe, as each family finishes
+        assert f"aotc build: {ENTRY}: {family} compiled in" in proc.stderr, proc.stderr[-3000:]
     assert report["ok"] and report["entries"][0]["graphs_with_keys"] == report["entries"][0]["planned"] == len(PLAN.graphs)
     return out / ENTRY
 

@@ -1,6 +1,6 @@
 """build: vLLM-TPU starts on the staging cache; every precompile call is reported with the files it wrote,
 then a traffic sweep adds what serving compiles beyond warm-up. The core judges the calls against the plan
-(aotc/build.py: plan_problems)."""
+(aotc/build.py: plan_coverage)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """build: start vLLM on the staging cache, report every capture call with the files it wrote, sweep traffic.
 
-The core judges the calls against the plan (aotc/build.py: plan_problems); this runner only reports.
+The core judges the calls against the plan (aotc/build.py: plan_coverage); this runner only reports.
 """
 
 from __future__ import annotations
