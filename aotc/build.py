@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ from aotc.manifest import CACHE_DIR_NAME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.plan import BuildPlan, plan_entry
 from aotc.runners import PROGRESS_MARKER
-from aotc.store import sha256_file
+from aotc.files import replace_dir, sha256_file
 
 RUNNER_MODULES = {"vllm-tpu": "aotc.runners.vllm_tpu", "tpu-inference": "aotc.runners.tpu_inference"}
 LOG_NAME = "build.log"
@@ -86,7 +85,9 @@ def shard_entries(entries: list[Entry], shard: str | None) -> list[Entry]:
 
 
 def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str | Path = "artifacts",
-                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0) -> BuildReport:
+                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0,
+                 progress: Callable[[str], None] | None = None) -> BuildReport:
+    """``progress`` receives one line per step (the CLI prints them on stderr); the library prints nothing."""
     if jobs < 1:
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
     selected = shard_entries(matrix.select(entries), shard)
@@ -94,7 +95,7 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     out.mkdir(parents=True, exist_ok=True)
     plans = [plan_entry(e) for e in selected]
     start = time.perf_counter()
-    reporter = _Reporter()
+    reporter = _Reporter(progress)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, reporter), plans))
     return BuildReport(tuple(results), time.perf_counter() - start)
@@ -119,7 +120,7 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _
         manifest.save(staging)
         if problems or result.get("error"):
             return _failed(entry, plan, start, result.get("error") or problems[0], staging, problems)
-        _replace_dir(staging, final)
+        replace_dir(str(staging), str(final))
         report = EntryBuild(
             entry=entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
             graphs_with_keys=sum(1 for g in result.get("graphs", []) if g.get("keys")),
@@ -238,29 +239,23 @@ def make_manifest(plan: BuildPlan, artifact_dir: Path, result: dict[str, Any], *
     )
 
 
-def _replace_dir(new: Path, final: Path) -> None:
-    """Swap ``new`` into ``final``; an existing artifact is moved aside first and removed last."""
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 class _Reporter:
-    """Lines on stderr as an entry starts, finishes each graph family and ends (readable in CI logs too);
-    the runner's own log goes to a file."""
+    """Lines as an entry starts, finishes each graph family and ends (readable in CI logs too), handed
+    to a callback; the runner's own log goes to a file."""
+
+    def __init__(self, say: Callable[[str], None] | None = None):
+        self.say = say or (lambda line: None)
 
     def started(self, name: str, planned: int) -> None:
-        print(f"aotc build: {name}: compiling {planned} planned graphs + traffic sweep", file=sys.stderr, flush=True)
+        self.say(f"aotc build: {name}: compiling {planned} planned graphs + traffic sweep")
 
     def family(self, name: str, family: str, seconds: float) -> None:
-        print(f"aotc build: {name}: {family} compiled in {seconds:.1f}s", file=sys.stderr, flush=True)
+        self.say(f"aotc build: {name}: {family} compiled in {seconds:.1f}s")
 
     def finished(self, report: EntryBuild) -> None:
         status = "ok" if report.ok else f"FAILED: {report.error}"
-        print(f"aotc build: {report.entry}: {status} ({report.wall_seconds:.0f}s, {report.files} files, "
-              f"log {report.log})", file=sys.stderr, flush=True)
+        self.say(f"aotc build: {report.entry}: {status} ({report.wall_seconds:.0f}s, {report.files} files, "
+                 f"log {report.log})")
 
 
 def render_build(report: BuildReport, console) -> None:
