@@ -79,6 +79,7 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
     ``cancel`` set before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``).
     """
     started = time.monotonic()
+    recover_interrupted_swap(dest)  # first: even a fetch that fails next must not leave dest missing
     store = store or Store.from_url(url)
     manifest, _ = resolve_manifest(store, entry, fingerprint)
     dest = prepare_dest(dest, manifest)
@@ -191,8 +192,6 @@ def prepare_dest(dest: str, manifest: Manifest) -> str:
         raise BadInput("--dest is empty; name a directory for the artifact")
     dest = os.path.realpath(os.path.abspath(dest))
     parent = os.path.dirname(dest)
-    if os.path.isdir(parent):
-        _recover_interrupted_swap(dest)
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise BadInput(f"{dest}: exists and is not a directory")
     check_layout(manifest)
@@ -267,10 +266,15 @@ def _staging_prefix(dest: str) -> str:
     return f".{os.path.basename(dest)}{STAGING_MARK}"
 
 
-def _recover_interrupted_swap(dest: str) -> None:
+def recover_interrupted_swap(dest: str) -> None:
     """A kill between the fallback swap's two renames leaves dest missing and the previous copy at
     ``<staging>.old``: put it back (or drop it when the swap completed), before anything else."""
+    if not dest or not dest.strip():
+        return
+    dest = os.path.realpath(os.path.abspath(dest))
     parent, prefix = os.path.dirname(dest), _staging_prefix(dest)
+    if not os.path.isdir(parent):
+        return
     asides = sorted((n for n in os.listdir(parent) if n.startswith(prefix) and n.endswith(OLD_SUFFIX)),
                     key=lambda n: os.lstat(os.path.join(parent, n)).st_mtime)
     for name in reversed(asides):  # the newest aside is the dest that was being replaced
@@ -297,7 +301,7 @@ class _Staging:
 
     def _remove_leftovers(self) -> None:
         """Staging dirs of a killed fetch of this dest (concurrent fetches into one dest are unsupported);
-        asides were resolved by ``_recover_interrupted_swap`` already."""
+        asides were resolved by ``recover_interrupted_swap`` already."""
         prefix = _staging_prefix(self.dest)
         for name in os.listdir(self.parent):
             if name.startswith(prefix) and not name.endswith(OLD_SUFFIX):
