@@ -288,10 +288,11 @@ def test_8_republish_repairs_a_same_size_corrupted_object(request, artifacts, tm
 # 9 ------------------------------------------------------------------------------------------------
 
 
-def test_9_the_newest_of_concurrent_publishes_wins_the_ref(gcs_server, gcs_endpoint, artifacts, tmp_path):
+def test_9_the_newest_of_concurrent_publishes_wins_the_ref(gcs_server, proxy, artifacts, tmp_path):
     from tests.store.test_crash_race import Zygote
 
-    zygote = Zygote({**os.environ, ENV_STORE_ENDPOINT: gcs_server.url})
+    proxy.latency = 0.02  # a network's round trip, so read-then-write windows overlap as they do on GCS
+    zygote = Zygote({**os.environ, ENV_STORE_ENDPOINT: proxy.url})
     try:
         for round_ in range(3):
             url = f"gs://{new_bucket(gcs_server)}/store"
@@ -301,7 +302,7 @@ def test_9_the_newest_of_concurrent_publishes_wins_the_ref(gcs_server, gcs_endpo
             jobs = [{"url": url, "dirs": [str(a)], "result": str(tmp_path / f"{uuid.uuid4().hex}.json"),
                      "start_at": start} for a in arts]
             assert zygote.run(jobs) == [0] * 8
-            ref = Store.from_url(url).read_ref(Manifest.load(arts[0]).entry)
+            ref = Store.from_url(url, endpoint_url=gcs_server.url).read_ref(Manifest.load(arts[0]).entry)
             assert ref["fingerprint"] == fp(arts[-1]), f"round {round_}"
     finally:
         zygote.close()
