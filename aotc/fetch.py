@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aotc.errors import AotcError, BadInput, IntegrityError, NotFoundInStore
-from aotc.files import OLD_SUFFIX, parse_time, recover_swap, replace_dir, write_new
+from aotc.files import OLD_SUFFIX, parse_time, recover_swap, remove_quietly, replace_dir, write_new
 from aotc.manifest import MANIFEST_NAME, FileRecord, Manifest, check_relative_path
 from aotc.store import SHA256_HEX, Meter, Store, check_name
 from aotc.store.cache import NodeCache, place
@@ -423,7 +423,7 @@ class _Download:
                     await self._download(obj, temp)
                     cached = await self._in(self._writers, cache.insert, temp, obj.sha256)
                 finally:
-                    await self._in(self._writers, _unlink, temp)
+                    await self._in(self._writers, remove_quietly, temp)
             else:
                 self.cached += 1
                 self.meter.add(obj.size)
@@ -540,9 +540,3 @@ def _write_and_hash(fd: int, offset: int, data: bytes, hasher: Any) -> None:
         done += os.pwrite(fd, view[done:], offset + done)
     hasher.update(data)
 
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

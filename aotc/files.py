@@ -48,6 +48,14 @@ def parse_time(text: str) -> float:
     return stamp.timestamp()
 
 
+def remove_quietly(path: str) -> None:
+    """Unlink a file that may already be gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def write_new(path: str, data: bytes, mode: int = 0o644) -> None:
     """Create a fresh regular file: never through a link, never over someone else's file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import stat
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aotc.errors import IntegrityError
+from aotc.files import remove_quietly
 
 
 class ObjectStoreIO:
@@ -47,29 +49,23 @@ class FolderIO(ObjectStoreIO):
         self.fs.makedirs(parent, exist_ok=True)
         return f"{parent}/.{name}.tmp-{uuid.uuid4().hex}"
 
-    def put(self, lpath: str, rpath: str) -> None:
+    def _via_aside(self, rpath: str, write: Callable[[str], Any], publish: Callable[[str, str], Any]) -> None:
         tmp = self._aside(rpath)
         try:
-            self.fs.put_file(lpath, tmp)
-            self.fs.mv(tmp, rpath)
+            write(tmp)
+            publish(tmp, rpath)
         finally:
             remove_quietly(tmp)
+
+    def put(self, lpath: str, rpath: str) -> None:
+        self._via_aside(rpath, lambda tmp: self.fs.put_file(lpath, tmp), self.fs.mv)
 
     def replace(self, rpath: str, data: bytes) -> None:
-        tmp = self._aside(rpath)
-        try:
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, rpath)
-        finally:
-            remove_quietly(tmp)
+        self._via_aside(rpath, lambda tmp: self.fs.pipe_file(tmp, data), self.fs.mv)
 
     def create(self, rpath: str, data: bytes) -> None:
-        tmp = self._aside(rpath)
-        try:
-            self.fs.pipe_file(tmp, data)
-            os.link(tmp, rpath)  # atomic and exclusive; no fsspec primitive has both
-        finally:
-            remove_quietly(tmp)
+        # os.link is atomic and exclusive; no fsspec primitive has both
+        self._via_aside(rpath, lambda tmp: self.fs.pipe_file(tmp, data), os.link)
 
     def read(self, rpath: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes [start, end) of a regular file; never follows a link, never blocks on a FIFO."""
@@ -89,9 +85,3 @@ class FolderIO(ObjectStoreIO):
         finally:
             os.close(fd)
 
-
-def remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

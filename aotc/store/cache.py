@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 
 from aotc.errors import BadInput
+from aotc.files import remove_quietly
 
 ENV_CACHE_DIR = "AOTC_CACHE_DIR"
 ENV_CACHE_MAX_SIZE = "AOTC_CACHE_MAX_SIZE"
@@ -70,7 +71,7 @@ class NodeCache:
                 and not os.path.islink(path):
             os.utime(path, ns=(time.time_ns(), SENTINEL_MTIME_NS), follow_symlinks=False)  # LRU stamp
             return path
-        _unlink(path)  # changed since insert: never serve it
+        remove_quietly(path)  # changed since insert: never serve it
         return None
 
     def new_temp(self) -> str:
@@ -124,7 +125,7 @@ class NodeCache:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False  # a fetcher is inserting or about to serve it
-            _unlink(self.path(sha))
+            remove_quietly(self.path(sha))
             return True
         finally:
             os.close(fd)
@@ -135,7 +136,7 @@ class NodeCache:
             path = os.path.join(self.root, "tmp", name)
             try:
                 if now - os.stat(path).st_mtime > TMP_MAX_AGE:
-                    _unlink(path)
+                    remove_quietly(path)
             except FileNotFoundError:
                 continue
 
@@ -155,9 +156,3 @@ def _listdir(path: str) -> list[str]:
     except FileNotFoundError:
         return []
 
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

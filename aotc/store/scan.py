@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aotc.files import human_size, parse_time
 from aotc.store import layout
-from aotc.store.core import DIGEST_KEY, ObjectInfo  # noqa: F401  (DIGEST_KEY: re-exported for readers)
+from aotc.store.core import ObjectInfo
 
 if TYPE_CHECKING:
     from aotc.store.core import Store
