@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from aotc.store.core import Store
 
 KINDS = ("publish", "gc")
+WARN_AFTER = 5.0  # a gc usually finishes within seconds: warn once a publish has waited this long...
+WARN_OLD = 60.0  # ...or at once when the lease is already this old
 WARN_EVERY = 30.0  # seconds between repeated "still waiting" warnings
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def list_leases(store: Store, kind: str | None, now: float) -> list[Lease]:
 
 def _holder(store: Store, path: str) -> dict[str, Any]:
     try:
-        body = json.loads(store.read(path, 0, 1 << 16))
+        body = json.loads(store.read_small(path))
     except (OSError, ValueError, RecursionError):
         return {}
     return body if isinstance(body, dict) else {}
@@ -104,15 +106,19 @@ def live_leases(store: Store, kind: str, now: float, ttl: float, mine: str | Non
 def wait_for_gc(store: Store, lease: str, poll: float = 0.5) -> None:
     """A publisher must not list objects while a gc is deleting them (a dead gc's lease expires)."""
     written, started = server_time(store, lease), time.monotonic()
-    warned = -WARN_EVERY
+    warned: float | None = None
     while True:
         waited = time.monotonic() - started
         live = live_leases(store, "gc", written + waited, store.gc_lock_ttl)
         if not live:
             return
-        if waited - warned >= WARN_EVERY:
+        oldest = max(live, key=lambda lease: lease.age or 0.0)
+        if warned is None:
+            due = waited >= WARN_AFTER or (oldest.age or 0.0) >= WARN_OLD
+        else:
+            due = waited - warned >= WARN_EVERY
+        if due:
             warned = waited
-            oldest = max(live, key=lambda lease: lease.age or 0.0)
             logger.warning("publish waits for the gc lease %s (age %.0fs, held by %s); a gc killed mid-run "
                            "blocks publishes until its lease is %.0fs old; if no gc is running, remove it "
                            "with: aotc break-lease --store %s", oldest.url, oldest.age or 0.0,
