@@ -414,9 +414,10 @@ class _Download:
         fetcher per node per object: the others wait on its lock and then find it cached)."""
         cache = self.cache
         assert cache is not None
-        lock = await self._in(self._lockers, cache.lock, obj.sha256)
+        # the warm path (free lock, cached object, link) is a few syscalls: on the loop, no thread hop
+        lock = cache.lock(obj.sha256, wait=False) or await self._in(self._lockers, cache.lock, obj.sha256)
         try:
-            cached = await self._in(self._writers, cache.lookup, obj.sha256, obj.size)
+            cached = cache.lookup(obj.sha256, obj.size)
             if cached is None:
                 temp = cache.new_temp()
                 try:
@@ -427,7 +428,10 @@ class _Download:
             else:
                 self.cached += 1
                 self.meter.add(obj.size)
-            await self._in(self._writers, place, cached, obj.paths[0])
+            try:
+                os.link(cached, obj.paths[0])
+            except OSError:  # another filesystem: copy, off the loop
+                await self._in(self._writers, place, cached, obj.paths[0])
         finally:
             os.close(lock)
         return obj.paths[0]

@@ -86,11 +86,15 @@ class NodeCache:
         os.replace(temp, path)  # same bytes either way: the last rename is as good as the first
         return path
 
-    def lock(self, sha256: str) -> int:
-        """Hold this object's lock (blocking) until the returned descriptor is closed: one download
-        per node; eviction skips the object meanwhile."""
+    def lock(self, sha256: str, wait: bool = True) -> int | None:
+        """Hold this object's lock until the returned descriptor is closed: one download per node;
+        eviction skips the object meanwhile. None when ``wait`` is False and someone holds it."""
         fd = os.open(self._lock_path(sha256), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
         return fd
 
     def _lock_path(self, sha256: str) -> str:
