@@ -83,13 +83,19 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
     """
     started = time.monotonic()
     recover_interrupted_swap(dest)  # first: even a fetch that fails next must not leave dest missing
-    store = store or Store.from_url(url)
-    manifest, _ = resolve_manifest(store, entry, fingerprint)
+    manifest = _cached_manifest(cache, entry, fingerprint)
+    if manifest is None:
+        store = store or Store.from_url(url)
+        manifest, _ = resolve_manifest(store, entry, fingerprint)
+    elif store is None and not cache.holds_all(manifest):  # type: ignore[union-attr]
+        store = Store.from_url(url)
+    # else: a fully warm node needs no store at all (nor gcsfs' import, seconds on a busy node)
     dest = prepare_dest(dest, manifest)
     meter = Meter(callback, manifest.total_size)
     try:
         with _Staging(dest) as staging:
-            download = _Download(store, manifest, staging.path, meter, workers, chunk_size, cache)
+            download = _Download(store or _LazyStore(url), manifest, staging.path, meter, workers, chunk_size,
+                                 cache)
             download.run()
             write_new(os.path.join(staging.path, MANIFEST_NAME), manifest.to_json().encode())
             if cancel is not None and cancel.is_set():
@@ -98,8 +104,9 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
     finally:
         meter.close()
     if cache is not None:
+        cache.save_manifest(manifest)
         cache.evict(keep=frozenset(f.sha256 for f in manifest.files))
-    return FetchResult(store=store.url, entry=manifest.entry, fingerprint=manifest.fingerprint, dest=dest,
+    return FetchResult(store=store.url if store else url, entry=manifest.entry, fingerprint=manifest.fingerprint, dest=dest,
                        files=len(manifest.files), size=manifest.total_size,
                        objects=len({f.sha256 for f in manifest.files}), retried_objects=download.retried,
                        seconds=time.monotonic() - started, downloaded_size=download.downloaded,
@@ -135,6 +142,32 @@ def fetch_before(deadline: float, **kwargs: Any) -> FetchResult:
 
 
 # --- which manifest -------------------------------------------------------------------------------
+
+
+def _cached_manifest(cache: NodeCache | None, entry: Any, fingerprint: str | None) -> Manifest | None:
+    """A manifest this node fetched before: a store path is written once (create-only), so the copy is
+    the store's manifest for that entry and fingerprint (verified when it was fetched)."""
+    if cache is None:
+        return None
+    if entry is None:
+        return cache.manifest_by_fingerprint(fingerprint) if fingerprint else None
+    if fingerprint is None:
+        from aotc.fingerprint import fingerprint_entry
+
+        fingerprint = fingerprint_entry(entry).digest
+    return cache.manifest(entry.name, fingerprint)
+
+
+class _LazyStore:
+    """The store, opened on first use: a warm node cache may still miss an object evicted meanwhile."""
+
+    def __init__(self, url: str):
+        self.url, self._store = url, None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._store is None:
+            self._store = Store.from_url(self.url)
+        return getattr(self._store, name)
 
 
 def resolve_manifest(store: Store, entry: Any, fingerprint: str | None) -> tuple[Manifest, bytes]:
@@ -349,7 +382,7 @@ class _Download:
         self.ahead = self.workers  # chunk reads one object may run ahead of its writer
         self.cache = cache
         self.retried = self.cached = self.downloaded = 0
-        fs = store.fs
+        fs = None if isinstance(store, _LazyStore) else store.fs  # lazy: run reads on threads if needed
         self._async = bool(getattr(fs, "async_impl", False)) and not getattr(fs, "asynchronous", False)
 
     def run(self) -> None:

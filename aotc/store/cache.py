@@ -5,6 +5,8 @@ Objects are content-addressed, so one copy per node serves every pod and every e
     <dir>/objects/<2 hex>/<sha256>   read-only, verified before it got its name
     <dir>/locks/<sha256>             flock: one fetcher per node downloads an object, others wait for it
     <dir>/tmp/                       downloads in progress (a killed fetcher leaves junk here, removed later)
+    <dir>/manifests/<entry>/<fp>.json  manifests fetched here: a store writes each path once, so a fully
+                                     warm node fetches without contacting the store
 
 Insert: a download lands in ``tmp/``, its sha256 is checked while it streams, and only then is it linked
 to its name. Serve: the size must match and the mtime must still be the sentinel set at insert (a write
@@ -24,8 +26,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from aotc.errors import BadInput
-from aotc.files import remove_quietly
+from aotc.errors import BadInput, IntegrityError
+from aotc.files import parse_time, remove_quietly
+from aotc.manifest import Manifest
+from aotc.store.layout import check_name
 
 ENV_CACHE_DIR = "AOTC_CACHE_DIR"
 ENV_CACHE_MAX_SIZE = "AOTC_CACHE_MAX_SIZE"
@@ -73,6 +77,49 @@ class NodeCache:
             return path
         remove_quietly(path)  # changed since insert: never serve it
         return None
+
+    def holds_all(self, manifest: Manifest) -> bool:
+        """Every object of ``manifest`` is here with its size (a cheap pre-check; lookup decides)."""
+        for f in manifest.files:
+            try:
+                if f.size and os.stat(self.path(f.sha256), follow_symlinks=False).st_size != f.size:
+                    return False
+            except FileNotFoundError:
+                return False
+        return True
+
+    def manifest(self, entry: str, fingerprint: str) -> Manifest | None:
+        path = self._manifest_path(entry, fingerprint)
+        try:
+            with open(path, "rb") as f:
+                manifest = Manifest.from_json(f.read(64 << 20))
+        except FileNotFoundError:
+            return None
+        except (OSError, IntegrityError):
+            remove_quietly(path)  # damaged: the store has the real one
+            return None
+        return manifest if (manifest.entry, manifest.fingerprint) == (entry, fingerprint) else None
+
+    def manifest_by_fingerprint(self, fingerprint: str) -> Manifest | None:
+        try:
+            check_name(fingerprint, "fingerprint")
+        except IntegrityError:
+            return None
+        found = [m for entry in _listdir(os.path.join(self.root, "manifests"))
+                 if (m := self.manifest(entry, fingerprint)) is not None]
+        return max(found, key=lambda m: parse_time(m.created)) if found else None
+
+    def save_manifest(self, manifest: Manifest) -> None:
+        path = self._manifest_path(manifest.entry, manifest.fingerprint)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = self.new_temp()
+        with open(temp, "w") as f:
+            f.write(manifest.to_json())
+        os.replace(temp, path)
+
+    def _manifest_path(self, entry: str, fingerprint: str) -> str:
+        return os.path.join(self.root, "manifests", check_name(entry, "entry name"),
+                            f"{check_name(fingerprint, 'fingerprint')}.json")
 
     def new_temp(self) -> str:
         return os.path.join(self.root, "tmp", f"{uuid.uuid4().hex}.part")

@@ -43,6 +43,14 @@ def test_second_fetch_downloads_nothing_and_links(gcs_url, artifacts, tmp_path):
     assert tree(tmp_path / "pod1") == tree(tmp_path / "pod2") == expected_dest(art)
     big = tmp_path / "pod2" / "tp1_rank0" / "big"
     assert big.stat().st_nlink >= 3  # cache + two pods: one copy on the node's disk
+    # a fully warm node does not need the store at all (its manifest paths are written once)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    offline = fetch(gcs_url, art, tmp_path / "pod3", cache, env={ENV_STORE_ENDPOINT: closed})
+    assert offline["downloaded_size"] == 0 and tree(tmp_path / "pod3") == expected_dest(art)
 
 
 def test_an_overlapping_entry_downloads_only_what_it_does_not_share(local_url, artifacts, tmp_path):
