@@ -329,6 +329,12 @@ def test_10_store_options_that_are_not_an_object_are_bad_input(local_url, tmp_pa
     assert "AOTC_STORE_OPTIONS" in one_line(proc, 2)
 
 
+def test_python_dash_m_aotc_is_the_cli(local_url):
+    proc = subprocess.run([sys.executable, "-m", "aotc", "ls", "--json", "--store", local_url], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and "does not exist" in proc.stderr  # the same exit code as `aotc ls`
+
+
 # 11 -----------------------------------------------------------------------------------------------
 
 
