@@ -30,7 +30,7 @@ from aotc.plan import plan_entry
 from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
                                    read_result)
 from aotc.runners.spec import load_runner
-from aotc.store import sha256_file
+from aotc.files import replace_dir, sha256_file
 
 LOG_NAME = "build.log"
 
@@ -123,7 +123,7 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
         if problems or result.error:
             report = _failed(entry, plan, start, result.error or problems[0], staging, problems)
         else:
-            _replace_dir(staging, final)
+            replace_dir(str(staging), str(final))
             report = EntryBuild(
                 entry=entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
                 graphs_with_keys=sum(1 for g in graphs if g.keys), runtime_graphs=len(result.runtime),
@@ -270,15 +270,6 @@ def make_manifest(plan: BuildPlan, artifact_dir: Path, result: BuildResult, plan
                          "engine_start_seconds": result.engine_start_seconds,
                          "xla_compile_seconds": result.xla_compile_seconds}},
     )
-
-
-def _replace_dir(new: Path, final: Path) -> None:
-    """Swap ``new`` into ``final``; an existing artifact is moved aside first and removed last."""
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 class BuildEvents:

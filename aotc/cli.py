@@ -94,18 +94,20 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_publish(args: argparse.Namespace, out: Output) -> int:
-    from aotc.publish import publish_artifacts, render_publish
+    from aotc.publish import publish_artifacts
+    from aotc.render import progress_bar, render_publish
     from aotc.store import resolve_store_url
 
     url = resolve_store_url(args.store)
-    results = publish_artifacts(args.artifact_dir, url, progress=progress_enabled())
+    results = publish_artifacts(args.artifact_dir, url, callback=progress_bar(progress_enabled(), "publish"))
     out.emit({"store": url, "published": [r.to_dict() for r in results]},
              lambda: render_publish(results, url, console()))
     return 0
 
 
 def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
-    from aotc.fetch import fetch_artifact, render_fetch
+    from aotc.fetch import DEFAULT_OPTIONAL_DEADLINE, DeadlineExceeded, fetch_artifact, fetch_before
+    from aotc.render import progress_bar, render_fetch
     from aotc.store import resolve_store_url
 
     if bool(args.fingerprint) == bool(args.config):
@@ -122,15 +124,48 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
         config_store = matrix.store
     url = resolve_store_url(args.store, config_store)
     optional = args.optional and not fetch_required()
+    deadline = args.deadline if args.deadline is not None else (
+        DEFAULT_OPTIONAL_DEADLINE if args.optional else None)
+    if deadline is not None and deadline <= 0:
+        raise_usage("fetch --deadline must be > 0 seconds")
+    kwargs = dict(url=url, dest=args.dest, entry=entry, fingerprint=args.fingerprint,
+                  callback=progress_bar(progress_enabled(), "fetch"), cache=node_cache(args))
     try:
-        result = fetch_artifact(url, args.dest, entry=entry, fingerprint=args.fingerprint,
-                                progress=progress_enabled())
+        result = fetch_before(deadline, **kwargs) if deadline else fetch_artifact(**kwargs)
     except NotFoundInStore as exc:
+        abandoned = isinstance(exc, DeadlineExceeded)  # a stalled thread is left: exit without joining it
         if not optional:
-            raise
-        return continue_without_artifact(exc, args.dest, out)
+            if not abandoned:
+                raise
+            print(f"aotc: error: {exc}", file=sys.stderr)
+            _exit_now(exc.exit_code)
+        code = continue_without_artifact(exc, args.dest, out)
+        if abandoned:
+            _exit_now(code)
+        return code
     out.emit(result.to_dict(), lambda: render_fetch(result, console()))
     return 0
+
+
+def node_cache(args: argparse.Namespace) -> Any:
+    """--cache-dir / $AOTC_CACHE_DIR (none by default); size bound --cache-max-size / $AOTC_CACHE_MAX_SIZE."""
+    from aotc.store.cache import DEFAULT_MAX_SIZE, ENV_CACHE_DIR, ENV_CACHE_MAX_SIZE, NodeCache, parse_size
+
+    root = args.cache_dir or os.environ.get(ENV_CACHE_DIR)
+    if not root:
+        return None
+    size = args.cache_max_size or os.environ.get(ENV_CACHE_MAX_SIZE)
+    try:
+        return NodeCache(root, parse_size(size) if size else DEFAULT_MAX_SIZE)
+    except OSError as exc:
+        raise_usage(f"--cache-dir {root}: {exc.strerror or exc}")
+
+
+def _exit_now(code: int) -> None:
+    """After an abandoned fetch: leave without joining the stalled thread's pools."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def fetch_required() -> bool:
@@ -150,30 +185,62 @@ def continue_without_artifact(exc: NotFoundInStore, dest: str, out: Output) -> i
 
 
 def cmd_ls(args: argparse.Namespace, out: Output) -> int:
-    from aotc.store import Store, render_ls, resolve_store_url
+    from aotc.render import print_warnings, render_ls
+    from aotc.store import Store, resolve_store_url
 
     url = resolve_store_url(args.store)
     info = Store.from_url(url).scan()
+    print_warnings(info.warnings)
     out.emit(info.to_dict(), lambda: render_ls(info, console()))
     return 0
 
 
 def cmd_gc(args: argparse.Namespace, out: Output) -> int:
-    from aotc.store import DEFAULT_MIN_AGE, Store, render_gc, resolve_store_url
+    from aotc.render import print_warnings, render_gc
+    from aotc.store import DEFAULT_MIN_AGE, Store, resolve_store_url
 
     url = resolve_store_url(args.store)
     store = Store.from_url(url)
-    # blobs younger than this may belong to a publish in flight (see aotc/store.py, "gc safety")
+    # blobs younger than this may belong to a publish in flight (see aotc/store/leases.py)
     min_age = args.min_age if args.min_age is not None else float(
         os.environ.get("AOTC_GC_MIN_AGE_SECONDS", DEFAULT_MIN_AGE))
     if args.keep < 0 or min_age < 0:
         raise_usage("gc needs --keep >= 0 and --min-age >= 0")
     strategy = store.scan().gc(keep=args.keep, min_age=min_age)
+    print_warnings(strategy.warnings)
     report = None if args.dry_run else strategy.execute(store)
     out.emit(strategy.to_dict() | {"dry_run": args.dry_run, "store": url,
                                    "report": report.to_dict() if report else None},
              lambda: render_gc(strategy, args.dry_run, console(), report))
     return 0
+
+
+def cmd_break_lease(args: argparse.Namespace, out: Output) -> int:
+    from aotc.render import render_leases
+    from aotc.store import Store, resolve_store_url
+    from aotc.store.leases import break_leases
+
+    if args.older_than < 0:
+        raise_usage("break-lease needs --older-than >= 0")
+    url = resolve_store_url(args.store)
+    store = Store.from_url(url)
+    store.require()
+    removed = break_leases(store, kind=args.kind, older_than=args.older_than)
+    render_leases(removed, "removed")
+    if out.as_json:
+        out.emit({"store": url, "removed": [lease.to_dict() for lease in removed]})
+    return 0
+
+
+def cmd_completeness(args: argparse.Namespace, out: Output) -> int:
+    from aotc.completeness import check_completeness
+    from aotc.render import render_completeness
+
+    report = check_completeness(args.config, args.store)
+    render_completeness(report)
+    if out.as_json:
+        out.emit(report.to_dict())
+    return EXIT_NOT_FOUND if report.missing else 0
 
 
 def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
@@ -243,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL")
     p.add_argument("--optional", action="store_true",
                    help=f"exit 0 when nothing is published for this engine, unless ${ENV_REQUIRE}=1")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="give up after this long: exit 3, or 0 with --optional (default with --optional: 600)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="node-local object cache shared by fetches on this node (env AOTC_CACHE_DIR)")
+    p.add_argument("--cache-max-size", metavar="SIZE",
+                   help="evict least-recently-used objects above this (e.g. 50G, the default; "
+                        "env AOTC_CACHE_MAX_SIZE)")
 
     p = command("ls", cmd_ls, "list entries, fingerprints, sizes and dates in the store")
     p.add_argument("--store", metavar="URL")
@@ -254,6 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-age", type=float, default=None, metavar="SECONDS",
                    help="never delete an unreferenced object younger than this (default 3600; "
                         "env AOTC_GC_MIN_AGE_SECONDS)")
+
+    p = command("break-lease", cmd_break_lease,
+                "remove a stale lease a killed gc (or publish) left, which blocks publishes (or gc)")
+    p.add_argument("--store", metavar="URL")
+    p.add_argument("--kind", choices=("gc", "publish"), default="gc")
+    p.add_argument("--older-than", type=float, default=0.0, metavar="SECONDS",
+                   help="only leases at least this old (default 0: all of that kind)")
+
+    p = command("completeness", cmd_completeness, "is every entry of a matrix published? exit 0 yes, 3 no")
+    p.add_argument("config")
+    p.add_argument("--store", metavar="URL")
 
     p = command("fingerprint", cmd_fingerprint, "print an entry's fingerprint and its inputs")
     p.add_argument("config")
@@ -279,8 +364,28 @@ def _error_code(exc: BaseException) -> int:
     return EXIT_CHECK_FAILED
 
 
+def setup_logging(debug: bool) -> None:
+    """Library warnings become one ``aotc: warning:`` line; third-party error logs (gcsfs logs full
+    tracebacks while it retries) stay quiet, since the failure reaches the one error line anyway."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s" if debug else "aotc: warning: %(message)s"))
+    if not debug:
+        handler.addFilter(_one_line_from_aotc)
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler], force=True)
+    if not debug:
+        logging.getLogger("gcsfs").setLevel(logging.CRITICAL + 1)
+
+
+def _one_line_from_aotc(record: Any) -> bool:
+    record.exc_info = record.exc_text = None  # no tracebacks without AOTC_DEBUG
+    return record.name.startswith("aotc")
+
+
 def main(argv: list[str] | None = None) -> int:
     debug = bool(os.environ.get("AOTC_DEBUG"))
+    setup_logging(debug)
     try:
         args = build_parser().parse_args(argv)
         return args.func(args, Output(getattr(args, "json", False)))

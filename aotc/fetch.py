@@ -2,23 +2,28 @@
 
 ``dest`` ends up holding the artifact's ``cache/`` contents plus ``manifest.json``. Everything is written
 into a fresh staging dir beside ``dest``; only when every object's size and sha256 matched does one
-rename swap it in, so a previous ``dest`` survives any failure untouched.
+rename swap it in, so a previous ``dest`` survives any failure untouched. A ``dest`` that holds anything
+but an earlier fetch is refused: fetch never deletes a user's files.
 
-Small objects are one GET, large ones parallel ranged GETs; every chunk is written where it belongs and
-hashed in order as it arrives, so there is no second read pass and little is buffered. A short body
-(a 200 that stops early) or a wrong sha256 re-downloads that object, a bounded number of times.
+Every read is a ranged GET bounded by the manifest's size (the last one asks for one byte more, so a
+stored object that grew is caught without reading it all); chunks are written where they belong and
+hashed in order as they arrive, so there is no second read pass and little is buffered. A short body
+(a 200 that stops early) or a wrong sha256 re-downloads that object, a bounded number of times. At most
+``OPEN_OBJECTS`` objects are open at once, whatever the artifact's file count.
+
+With a node cache (aotc/store/cache.py) each object is downloaded once per node and linked into dest.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import functools
 import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -26,22 +31,25 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aotc.errors import AotcError, BadInput, IntegrityError, NotFoundInStore
+from aotc.files import OLD_SUFFIX, parse_time, recover_swap, remove_quietly, replace_dir, write_new
 from aotc.manifest import MANIFEST_NAME, FileRecord, Manifest, check_relative_path
-from aotc.store import (
-    SHA256_HEX,
-    Meter,
-    Store,
-    check_name,
-    human_size,
-    parse_time,
-    progress_callback,
-)
+from aotc.store import SHA256_HEX, Meter, Store, check_name
+from aotc.store.cache import NodeCache, place
 
 DEFAULT_WORKERS = 16
 CHUNK_SIZE = 16 << 20
 ATTEMPTS = 3  # per object, for what the transport cannot see: a short body with 200, a bad sha
 STAGING_MARK = ".aotc-staging-"
 WRITERS = 4  # threads that create, write and hash files (hashlib and pwrite release the GIL)
+OPEN_OBJECTS = 32  # objects open at once (each holds a file descriptor, two with a node cache)
+INLINE_BELOW = 1 << 20  # objects this small are created, written and hashed on the event loop itself:
+# well under a millisecond of work, where a hop to a writer thread costs a scheduler wake-up (profiled:
+# on a loaded 2-core node those hops, not hashing or writing, were what made fetch slower than a raw read)
+DEFAULT_OPTIONAL_DEADLINE = 600.0  # fetch --optional gives up after this long unless --deadline says
+
+
+class DeadlineExceeded(NotFoundInStore):
+    """The store did not deliver in time: for a pod, the same as nothing being published (exit 3)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,9 @@ class FetchResult:
     objects: int
     retried_objects: int
     seconds: float
+    downloaded_size: int = 0  # object bytes that came from the store (not the node cache)
+    cached_objects: int = 0  # objects served by the node cache
+    cache_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -63,28 +74,100 @@ class FetchResult:
 
 
 def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | None = None,
-                   progress: bool = False, callback: Any = None, workers: int = DEFAULT_WORKERS,
-                   chunk_size: int = CHUNK_SIZE, store: Store | None = None) -> FetchResult:
-    """``entry`` is a matrix entry (its fingerprint is computed for this environment) or None."""
+                   callback: Any = None, workers: int = DEFAULT_WORKERS, chunk_size: int = CHUNK_SIZE,
+                   store: Store | None = None, cache: NodeCache | None = None,
+                   cancel: threading.Event | None = None) -> FetchResult:
+    """``entry`` is a matrix entry (its fingerprint is computed for this environment) or None.
+
+    ``cancel`` set before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``).
+    """
     started = time.monotonic()
-    store = store or Store.from_url(url)
-    manifest, data = resolve_manifest(store, entry, fingerprint)
+    recover_interrupted_swap(dest)  # first: even a fetch that fails next must not leave dest missing
+    manifest = _cached_manifest(cache, entry, fingerprint)
+    if manifest is None:
+        store = store or Store.from_url(url)
+        manifest, _ = resolve_manifest(store, entry, fingerprint)
+    elif store is None and not cache.holds_all(manifest):  # type: ignore[union-attr]
+        store = Store.from_url(url)
+    # else: a fully warm node needs no store at all (nor gcsfs' import, seconds on a busy node)
     dest = prepare_dest(dest, manifest)
-    meter = Meter(callback or progress_callback(progress, f"fetch {manifest.entry}"), manifest.total_size)
+    meter = Meter(callback, manifest.total_size)
     try:
         with _Staging(dest) as staging:
-            retried = _Download(store, manifest, staging.path, meter, workers, chunk_size).run()
-            _write_new(os.path.join(staging.path, MANIFEST_NAME), data)
+            download = _Download(store or _LazyStore(url), manifest, staging.path, meter, workers, chunk_size,
+                                 cache)
+            download.run()
+            write_new(os.path.join(staging.path, MANIFEST_NAME), manifest.to_json().encode())
+            if cancel is not None and cancel.is_set():
+                raise DeadlineExceeded("fetch cancelled before placing the artifact")
             staging.swap_into_place()
     finally:
         meter.close()
-    return FetchResult(store=store.url, entry=manifest.entry, fingerprint=manifest.fingerprint, dest=dest,
+    if cache is not None:
+        cache.save_manifest(manifest)
+        cache.evict(keep=frozenset(f.sha256 for f in manifest.files))
+    return FetchResult(store=store.url if store else url, entry=manifest.entry, fingerprint=manifest.fingerprint, dest=dest,
                        files=len(manifest.files), size=manifest.total_size,
-                       objects=len({f.sha256 for f in manifest.files}), retried_objects=retried,
-                       seconds=time.monotonic() - started)
+                       objects=len({f.sha256 for f in manifest.files}), retried_objects=download.retried,
+                       seconds=time.monotonic() - started, downloaded_size=download.downloaded,
+                       cached_objects=download.cached, cache_dir=cache.root if cache else None)
+
+
+def fetch_before(deadline: float, **kwargs: Any) -> FetchResult:
+    """``fetch_artifact`` that gives up after ``deadline`` seconds with DeadlineExceeded.
+
+    The fetch runs on a daemon thread; one that is stalled in the store's retries is abandoned (its
+    staging dir is removed by the next fetch) and told not to swap, so dest stays as it was. The caller
+    should exit the process soon after (the abandoned thread's pools would otherwise be joined at exit).
+    """
+    cancel = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fetch_artifact(**kwargs, cancel=cancel)
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="aotc-fetch", daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if worker.is_alive():
+        cancel.set()
+        raise DeadlineExceeded(f"{kwargs.get('url')} did not deliver the artifact within the {deadline:g} s "
+                               "deadline (fetch --deadline)")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 # --- which manifest -------------------------------------------------------------------------------
+
+
+def _cached_manifest(cache: NodeCache | None, entry: Any, fingerprint: str | None) -> Manifest | None:
+    """A manifest this node fetched before: a store path is written once (create-only), so the copy is
+    the store's manifest for that entry and fingerprint (verified when it was fetched)."""
+    if cache is None:
+        return None
+    if entry is None:
+        return cache.manifest_by_fingerprint(fingerprint) if fingerprint else None
+    if fingerprint is None:
+        from aotc.fingerprint import fingerprint_entry
+
+        fingerprint = fingerprint_entry(entry).digest
+    return cache.manifest(entry.name, fingerprint)
+
+
+class _LazyStore:
+    """The store, opened on first use: a warm node cache may still miss an object evicted meanwhile."""
+
+    def __init__(self, url: str):
+        self.url, self._store = url, None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._store is None:
+            self._store = Store.from_url(self.url)
+        return getattr(self._store, name)
 
 
 def resolve_manifest(store: Store, entry: Any, fingerprint: str | None) -> tuple[Manifest, bytes]:
@@ -111,7 +194,7 @@ def _by_fingerprint(store: Store, fingerprint: str) -> tuple[Manifest, bytes]:
     paths = [p for p in store.find("manifests") if p.endswith(f"/{fingerprint}.json")]
     found, damaged = store.load_manifests(paths)
     if damaged and not found:
-        raise IntegrityError(damaged[0])
+        raise IntegrityError(damaged[0][1])
     if not found:
         store.require()
         raise NotFoundInStore(f"no artifact with fingerprint {fingerprint} in {store.url}")
@@ -140,15 +223,45 @@ def explain_missing(store: Store, entry: str, digest: str, inputs: dict[str, Any
 
 
 def prepare_dest(dest: str, manifest: Manifest) -> str:
-    """Check every manifest path against ``dest`` before a byte moves; return the real dest path."""
+    """Check every manifest path and ``dest`` itself before a byte moves; return the real dest path."""
+    if not dest or not dest.strip():
+        raise BadInput("--dest is empty; name a directory for the artifact")
     dest = os.path.realpath(os.path.abspath(dest))
+    parent = os.path.dirname(dest)
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise BadInput(f"{dest}: exists and is not a directory")
     check_layout(manifest)
     if os.path.isdir(dest):
         _refuse_links(dest, manifest)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
+        check_dest_is_ours(dest)
+    os.makedirs(parent, exist_ok=True)
     return dest
+
+
+def check_dest_is_ours(dest: str) -> None:
+    """An existing dest is replaced whole, so it must be empty or an earlier fetch: a manifest.json
+    that parses, and nothing beside it but the top-level names that manifest lists."""
+    names = set(os.listdir(dest))
+    if not names:
+        return
+    previous = _read_previous(os.path.join(dest, MANIFEST_NAME))
+    ours = {MANIFEST_NAME} | {f.path.split("/")[0] for f in previous.files} if previous else set()
+    strangers = sorted(names - ours)
+    if strangers:
+        shown = ", ".join(strangers[:3]) + (f" (+{len(strangers) - 3} more)" if len(strangers) > 3 else "")
+        why = "holds files an earlier fetch did not write" if previous else "is not empty and not an earlier fetch"
+        raise BadInput(f"{dest}: {why} ({shown}); fetch replaces its --dest whole, so it refuses: "
+                       "use a new or empty directory")
+
+
+def _read_previous(path: str) -> Manifest | None:
+    if os.path.islink(path) or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return Manifest.from_json(f.read(64 << 20))
+    except (OSError, IntegrityError):
+        return None
 
 
 def check_layout(manifest: Manifest) -> None:
@@ -156,9 +269,9 @@ def check_layout(manifest: Manifest) -> None:
     files = {check_relative_path(f.path) for f in manifest.files}
     if len(files) != len(manifest.files):
         raise IntegrityError(f"manifest {manifest.fingerprint}: a path is listed twice")
-    if MANIFEST_NAME in files:
-        raise IntegrityError(f"manifest {manifest.fingerprint}: path {MANIFEST_NAME!r} is reserved")
     for path in files:
+        if path.split("/")[0] == MANIFEST_NAME:
+            raise IntegrityError(f"manifest {manifest.fingerprint}: path {path!r}: {MANIFEST_NAME!r} is reserved")
         parts = path.split("/")
         for i in range(1, len(parts)):
             if "/".join(parts[:i]) in files:
@@ -185,17 +298,36 @@ def _refuse_links(dest: str, manifest: Manifest) -> None:
                 raise IntegrityError(f"manifest path {f.path!r} would write through the link {here}")
 
 
+def _staging_prefix(dest: str) -> str:
+    return f".{os.path.basename(dest)}{STAGING_MARK}"
+
+
+def recover_interrupted_swap(dest: str) -> None:
+    """A kill between the fallback swap's two renames leaves dest missing and the previous copy at
+    ``<staging>.old``: put it back (or drop it when the swap completed), before anything else."""
+    if not dest or not dest.strip():
+        return
+    dest = os.path.realpath(os.path.abspath(dest))
+    parent, prefix = os.path.dirname(dest), _staging_prefix(dest)
+    if not os.path.isdir(parent):
+        return
+    asides = sorted((n for n in os.listdir(parent) if n.startswith(prefix) and n.endswith(OLD_SUFFIX)),
+                    key=lambda n: os.lstat(os.path.join(parent, n)).st_mtime)
+    for name in reversed(asides):  # the newest aside is the dest that was being replaced
+        recover_swap(dest, os.path.join(parent, name))
+
+
 class _Staging:
     """A fresh dir beside dest (same filesystem, so the final rename is atomic); removed on failure."""
 
     def __init__(self, dest: str):
         self.dest = dest
-        self.parent, self.name = os.path.split(dest)
+        self.parent = os.path.dirname(dest)
         self.path = ""
 
     def __enter__(self) -> _Staging:
         self._remove_leftovers()
-        self.path = tempfile.mkdtemp(prefix=f".{self.name}{STAGING_MARK}", dir=self.parent)
+        self.path = tempfile.mkdtemp(prefix=_staging_prefix(self.dest), dir=self.parent)
         os.chmod(self.path, 0o755)  # vLLM may run as another user than the init container
         return self
 
@@ -204,48 +336,21 @@ class _Staging:
             shutil.rmtree(self.path, ignore_errors=True)
 
     def _remove_leftovers(self) -> None:
-        """Staging dirs of a killed fetch of this dest (concurrent fetches into one dest are unsupported)."""
-        prefix = f".{self.name}{STAGING_MARK}"
+        """Staging dirs of a killed fetch of this dest (concurrent fetches into one dest are unsupported);
+        asides were resolved by ``recover_interrupted_swap`` already."""
+        prefix = _staging_prefix(self.dest)
         for name in os.listdir(self.parent):
-            if name.startswith(prefix):
+            if name.startswith(prefix) and not name.endswith(OLD_SUFFIX):
                 shutil.rmtree(os.path.join(self.parent, name), ignore_errors=True)
 
     def swap_into_place(self) -> None:
         try:
-            if not os.path.lexists(self.dest):
-                os.rename(self.path, self.dest)
-            elif not _exchange(self.path, self.dest):
-                aside = f"{self.path}.old"
-                os.rename(self.dest, aside)
-                os.rename(self.path, self.dest)
-                self.path = aside
+            replace_dir(self.path, self.dest)
         except OSError as exc:
             if exc.errno in (errno.EBUSY, errno.EXDEV):
                 raise BadInput(f"{self.dest}: cannot be replaced by rename ({exc.strerror}); "
                                "is it a mount point? fetch into a subdirectory of it") from exc
             raise
-        # self.path now holds the previous dest (or nothing); __exit__ removes it
-
-
-def _exchange(a: str, b: str) -> bool:
-    """renameat2(RENAME_EXCHANGE): swap two dirs in one step, so dest never disappears (Linux)."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), b)
-
-
-def _write_new(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 # --- the download ---------------------------------------------------------------------------------
@@ -259,7 +364,7 @@ class _Retry(Exception):
 class _Object:
     sha256: str
     size: int
-    paths: list[str]  # the first is downloaded, the others are copies (same content, other names)
+    paths: list[str]  # the first is downloaded (or linked from the cache), the others are copies
 
 
 class _Download:
@@ -270,26 +375,29 @@ class _Download:
     bytes. Sync filesystems (a local folder, memory://) run the same code with reads on threads.
     """
 
-    def __init__(self, store: Store, manifest: Manifest, root: str, meter: Meter, workers: int, chunk: int):
+    def __init__(self, store: Store, manifest: Manifest, root: str, meter: Meter, workers: int, chunk: int,
+                 cache: NodeCache | None = None):
         self.store, self.manifest, self.root, self.meter = store, manifest, root, meter
         self.workers, self.chunk = max(1, workers), max(1 << 20, chunk)
         self.ahead = self.workers  # chunk reads one object may run ahead of its writer
-        self.retried = 0
-        fs = store.fs
+        self.cache = cache
+        self.retried = self.cached = self.downloaded = 0
+        fs = None if isinstance(store, _LazyStore) else store.fs  # lazy: run reads on threads if needed
         self._async = bool(getattr(fs, "async_impl", False)) and not getattr(fs, "asynchronous", False)
 
-    def run(self) -> int:
+    def run(self) -> None:
         objects = self._plan()
         with ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="aotc-fetch-write") as self._writers, \
                 ThreadPoolExecutor(max_workers=1 if self._async else self.workers,
-                                   thread_name_prefix="aotc-fetch-read") as self._readers:
+                                   thread_name_prefix="aotc-fetch-read") as self._readers, \
+                ThreadPoolExecutor(max_workers=OPEN_OBJECTS if self.cache else 1,
+                                   thread_name_prefix="aotc-fetch-lock") as self._lockers:
             if self._async:
                 from fsspec.asyn import sync
 
                 sync(self.store.fs.loop, self._all, objects)
             else:
                 asyncio.run(self._all(objects))
-        return self.retried
 
     def _plan(self) -> list[_Object]:
         by_sha: dict[str, list[FileRecord]] = defaultdict(list)
@@ -311,10 +419,11 @@ class _Download:
             raise IntegrityError(f"manifest {self.manifest.fingerprint}: {paths[0]} has size 0 "
                                  f"but sha256 {sha}")
         for path in paths:
-            _write_new(path, b"")
+            write_new(path, b"")
 
     async def _all(self, objects: list[_Object]) -> None:
         self._gate = asyncio.Semaphore(self.workers)
+        self._open = asyncio.Semaphore(OPEN_OBJECTS)
         tasks = [asyncio.ensure_future(self._object(obj)) for obj in objects]
         try:
             await asyncio.gather(*tasks)
@@ -324,19 +433,56 @@ class _Download:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _object(self, obj: _Object) -> None:
+        async with self._open:
+            if self.cache is None:
+                await self._download(obj, obj.paths[0])
+                source = obj.paths[0]
+            else:
+                source = await self._through_cache(obj)
+            for extra in obj.paths[1:]:
+                await self._in(self._writers, shutil.copyfile, source, extra)
+
+    async def _through_cache(self, obj: _Object) -> str:
+        """Link from the node cache, downloading into it first when it lacks the object (one
+        fetcher per node per object: the others wait on its lock and then find it cached)."""
+        cache = self.cache
+        assert cache is not None
+        # the warm path (free lock, cached object, link) is a few syscalls: on the loop, no thread hop
+        lock = cache.lock(obj.sha256, wait=False) or await self._in(self._lockers, cache.lock, obj.sha256)
+        try:
+            cached = cache.lookup(obj.sha256, obj.size)
+            if cached is None:
+                temp = cache.new_temp()
+                try:
+                    await self._download(obj, temp)
+                    cached = await self._in(self._writers, cache.insert, temp, obj.sha256)
+                finally:
+                    await self._in(self._writers, remove_quietly, temp)
+            else:
+                self.cached += 1
+                self.meter.add(obj.size)
+            try:
+                os.link(cached, obj.paths[0])
+            except OSError:  # another filesystem: copy, off the loop
+                await self._in(self._writers, place, cached, obj.paths[0])
+        finally:
+            os.close(lock)
+        return obj.paths[0]
+
+    async def _download(self, obj: _Object, target: str) -> None:
         for attempt in range(1, ATTEMPTS + 1):
-            failure = await self._attempt(obj)
+            failure = await self._attempt(obj, target)
             if failure is None:
-                for extra in obj.paths[1:]:
-                    await self._in(self._writers, shutil.copyfile, obj.paths[0], extra)
+                self.downloaded += obj.size
                 return
             if attempt == ATTEMPTS:
                 raise IntegrityError(f"{failure} (after {attempt} attempts)")
             self.retried += 1
 
-    async def _attempt(self, obj: _Object) -> str | None:
-        """Download once into paths[0]; the reason it must be retried, or None when it verified."""
-        fd = await self._in(self._writers, _create, obj.paths[0])  # slow on some disks: off the loop
+    async def _attempt(self, obj: _Object, target: str) -> str | None:
+        """Download once into ``target``; the reason it must be retried, or None when it verified."""
+        inline = obj.size < INLINE_BELOW
+        fd = _create(target) if inline else await self._in(self._writers, _create, target)
         hasher, written = hashlib.sha256(), 0
         ranges = iter([(o, min(self.chunk, obj.size - o)) for o in range(0, obj.size, self.chunk)])
         ahead: deque[tuple[int, asyncio.Future]] = deque()
@@ -348,7 +494,10 @@ class _Download:
                     break
                 offset, pending = ahead.popleft()
                 data = await pending
-                await self._in(self._writers, _write_and_hash, fd, offset, data, hasher)
+                if inline:
+                    _write_and_hash(fd, offset, data, hasher)
+                else:
+                    await self._in(self._writers, _write_and_hash, fd, offset, data, hasher)
                 written += len(data)
                 self.meter.add(len(data))
         except _Retry as exc:
@@ -366,12 +515,12 @@ class _Download:
         return None
 
     async def _read(self, obj: _Object, offset: int, n: int) -> bytes:
+        """Bytes [offset, offset + n); the last range asks for one byte more, to catch a grown object."""
         path = self.store.object_path(obj.sha256)
-        whole = n == obj.size
+        last = offset + n == obj.size
         try:
             async with self._gate:
-                data = await self._fs("cat_file", path, start=None if whole else offset,
-                                      end=None if whole else offset + n)
+                data = await self._range(path, offset, offset + n + (1 if last else 0))
         except FileNotFoundError:
             raise NotFoundInStore(f"object {self.store.url_of(path)} ({self._name(obj)}) is missing "
                                   "from the store") from None
@@ -380,26 +529,32 @@ class _Download:
         except Exception as exc:
             await self._check_size(obj, path)
             raise OSError(f"{self.store.url_of(path)}: {type(exc).__name__}: {exc}") from exc
+        if len(data) > n:
+            raise IntegrityError(f"{self.store.url_of(path)} ({self._name(obj)}): stored object is larger "
+                                 f"than the {obj.size} bytes the manifest says (replaced)")
         if len(data) != n:
             await self._check_size(obj, path)
             raise _Retry(f"{self.store.url_of(path)}: got {len(data)} bytes at offset {offset}, wanted {n}")
         return data
 
+    async def _range(self, path: str, start: int, end: int) -> bytes:
+        if self._async:
+            return await self.store.fs._cat_file(path, start=start, end=end)
+        return await self._in(self._readers, self.store.read, path, start, end)
+
     async def _check_size(self, obj: _Object, path: str) -> None:
         """A stored object shorter than the manifest says is an integrity error, not a network one."""
         try:
-            size = int((await self._fs("info", path)).get("size", -1))
+            if self._async:
+                info = await self.store.fs._info(path)
+            else:
+                info = await self._in(self._readers, self.store.fs.info, path)
+            size = int(info.get("size", -1))
         except FileNotFoundError:
             raise NotFoundInStore(f"object {self.store.url_of(path)} is missing from the store") from None
         if size != obj.size:
             raise IntegrityError(f"{self.store.url_of(path)} ({self._name(obj)}): stored object is {size} "
                                  f"bytes, the manifest says {obj.size} (truncated or replaced)")
-
-    async def _fs(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """The async form of an fsspec call on async filesystems, else the sync one on a thread."""
-        if self._async:
-            return await getattr(self.store.fs, f"_{method}")(*args, **kwargs)
-        return await self._in(self._readers, getattr(self.store.fs, method), *args, **kwargs)
 
     @staticmethod
     async def _in(pool: ThreadPoolExecutor, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -422,9 +577,3 @@ def _write_and_hash(fd: int, offset: int, data: bytes, hasher: Any) -> None:
         done += os.pwrite(fd, view[done:], offset + done)
     hasher.update(data)
 
-
-def render_fetch(result: FetchResult, console: Any) -> None:
-    rate = result.size / result.seconds if result.seconds > 0 else 0.0
-    retried = f", {result.retried_objects} object(s) re-downloaded" if result.retried_objects else ""
-    console.print(f"fetched {result.entry} {result.fingerprint[:16]} → {result.dest}: {result.files} files, "
-                  f"{human_size(result.size)} in {result.seconds:.1f}s ({human_size(int(rate))}/s){retried}")

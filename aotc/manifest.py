@@ -116,15 +116,23 @@ class Manifest:
                 verify=VerifySummary(**verify) if verify else None,
                 extra={k: v for k, v in data.items() if k not in known},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:
             raise IntegrityError(f"malformed manifest: {exc}") from exc
+
+    @staticmethod
+    def decode(text: str | bytes) -> Any:
+        """JSON from a store other people write to: any way it fails to parse is an IntegrityError
+        (bad UTF-8, a number too long for int, nesting too deep for the parser)."""
+        try:
+            return json.loads(text)
+        except RecursionError as exc:
+            raise IntegrityError("manifest is not valid JSON: nested too deeply") from exc
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+            raise IntegrityError(f"manifest is not valid JSON: {exc}") from exc
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
-        try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise IntegrityError(f"manifest is not valid JSON: {exc}") from exc
+        return cls.from_dict(cls.decode(text))
 
     @classmethod
     def load(cls, artifact_dir: str | Path) -> Manifest:

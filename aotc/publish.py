@@ -4,6 +4,12 @@ Order per artifact: objects (parallel, only the missing ones, found with one lis
 with a create-only write (the commit point), then the ref. A crash before the manifest leaves only
 unreferenced blobs, which gc collects; a crash after it leaves a complete artifact, and a re-run repairs
 the ref. The whole call holds a publish lease so a concurrent gc keeps the blobs it is about to use.
+
+A re-publish trusts nothing it finds: an object of the right size is checked against the local file
+(the backend's md5 when its listing has one, else the stored bytes re-hashed) and re-uploaded when it
+differs. The ref names the newest manifest of the entry: after writing it, a publisher lists the entry's
+manifests again and rewrites it until the newest it sees is the one it names, so the last writer always
+wrote the newest (every manifest is committed before its publisher touches the ref).
 """
 
 from __future__ import annotations
@@ -15,18 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import CheckFailed, IntegrityError
+from aotc.files import parse_time, sha256_file
 from aotc.manifest import CACHE_DIR_NAME, Manifest
-from aotc.store import (
-    Meter,
-    ObjectInfo,
-    Store,
-    check_name,
-    human_size,
-    parse_time,
-    progress_callback,
-    run_parallel,
-    sha256_file,
-)
+from aotc.store import Meter, ObjectInfo, Store, check_name, run_parallel, stored_manifest_bytes
 
 PUBLISHED, ALREADY, OTHER_WON = "published", "already", "other_won"
 DEFAULT_WORKERS = 16
@@ -45,6 +42,7 @@ class PublishResult:
     uploaded_size: int
     reused_objects: int
     seconds: float
+    repaired_objects: int = 0  # stored with the right size but the wrong bytes, uploaded again
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -58,7 +56,7 @@ class LocalArtifact:
 
     path: str
     manifest: Manifest
-    data: bytes  # canonical manifest JSON: identical artifacts give identical bytes
+    data: bytes  # the stored form (canonical JSON + its digest): identical artifacts give identical bytes
     sources: dict[str, str]  # sha256 -> a local file with that content
 
     @property
@@ -87,10 +85,10 @@ def load_artifact(artifact_dir: str, workers: int = 4) -> LocalArtifact:
         return record.sha256, str(local)
 
     sources = dict(run_parallel(check, manifest.files, workers))
-    return LocalArtifact(str(artifact_dir), manifest, manifest.to_json().encode(), sources)
+    return LocalArtifact(str(artifact_dir), manifest, stored_manifest_bytes(manifest), sources)
 
 
-def publish_artifacts(artifact_dirs: list[str], url: str, progress: bool = False, callback: Any = None,
+def publish_artifacts(artifact_dirs: list[str], url: str, callback: Any = None,
                       workers: int = DEFAULT_WORKERS, store: Store | None = None) -> list[PublishResult]:
     """Verify every dir first (IntegrityError before anything is uploaded), then publish each."""
     artifacts = [load_artifact(d, workers=min(workers, os.cpu_count() or 2)) for d in artifact_dirs]
@@ -99,7 +97,7 @@ def publish_artifacts(artifact_dirs: list[str], url: str, progress: bool = False
         store.wait_for_gc(lease)
         present, _ = store.list_objects()
         total = sum(a.manifest.total_size for a in artifacts)
-        meter = Meter(callback or progress_callback(progress, "publish"), total)
+        meter = Meter(callback, total)
         try:
             return [_publish_one(store, a, present, meter, workers) for a in artifacts]
         finally:
@@ -112,21 +110,35 @@ def _publish_one(store: Store, art: LocalArtifact, present: dict[str, ObjectInfo
     entry, fingerprint = art.manifest.entry, art.manifest.fingerprint
     path = store.manifest_path(entry, fingerprint)
     existing = _read_or_none(store, path)
-    if existing is not None and existing != art.data:
+    if existing is not None and not _same_manifest(existing, art):
         meter.add(art.manifest.total_size)
         return _result(store, art, OTHER_WON, path, [], started)
     # Also when the manifest is already there: re-uploading what a damaged store lost is the repair.
-    uploaded = _upload_missing(store, art, present, meter, workers)
-    status = ALREADY if existing is not None else _commit(store, path, art.data)
+    uploaded, repaired = _upload_missing(store, art, present, meter, workers)
+    status = ALREADY if existing is not None else _commit(store, path, art)
     if status != OTHER_WON:
         _update_ref(store, art.manifest)
-    return _result(store, art, status, path, uploaded, started)
+    return _result(store, art, status, path, uploaded, started, repaired)
+
+
+def _same_manifest(stored: bytes, art: LocalArtifact) -> bool:
+    """Byte-equal, or (a manifest published before manifests recorded their digest) the same content."""
+    if stored == art.data:
+        return True
+    try:
+        return Manifest.from_json(stored).to_json() == art.manifest.to_json()
+    except IntegrityError:
+        return False
 
 
 def _upload_missing(store: Store, art: LocalArtifact, present: dict[str, ObjectInfo], meter: Meter,
-                    workers: int) -> list[str]:
+                    workers: int) -> tuple[list[str], int]:
     sizes = art.sizes
     missing = [sha for sha in art.sources if sha not in present or present[sha].size != sizes[sha]]
+    suspect = [sha for sha in art.sources if sha not in missing and not present[sha].verified]
+    damaged = [sha for sha, intact in zip(suspect, run_parallel(
+        lambda sha: _stored_intact(store, present[sha], art.sources[sha]), suspect, workers)) if not intact]
+    missing += damaged
     meter.add(sum(sizes[s] for s in art.sources if s not in missing))
 
     def upload(sha: str) -> str:
@@ -136,17 +148,36 @@ def _upload_missing(store: Store, art: LocalArtifact, present: dict[str, ObjectI
 
     # biggest first, so one large blob does not start last and set the wall time alone
     done = run_parallel(upload, sorted(missing, key=lambda s: -sizes[s]), workers)
-    present.update({sha: ObjectInfo(sha, sizes[sha]) for sha in done})
-    return done
+    present.update({sha: ObjectInfo(sha, sizes[sha], verified=True) for sha in [*done, *suspect]})
+    return done, len(damaged)
 
 
-def _commit(store: Store, path: str, data: bytes) -> str:
+def _stored_intact(store: Store, stored: ObjectInfo, local: str) -> bool:
+    """Does the stored object hold the local file's bytes? The listing's md5 (GCS) costs one local
+    hash; without one, the stored bytes are read back and hashed."""
+    import base64
+    import hashlib
+
+    if stored.md5:
+        digest = hashlib.md5()
+        with open(local, "rb") as f:
+            while chunk := f.read(4 << 20):
+                digest.update(chunk)
+        return base64.b64encode(digest.digest()).decode() == stored.md5
+    digest = hashlib.sha256()
+    path = store.object_path(stored.sha256)
+    for offset in range(0, stored.size, 16 << 20):
+        digest.update(store.read(path, offset, min(stored.size, offset + (16 << 20))))
+    return digest.hexdigest() == stored.sha256
+
+
+def _commit(store: Store, path: str, art: LocalArtifact) -> str:
     """The create-only manifest write. FileExistsError may be our own retried write: compare bytes."""
     try:
-        store.create(path, data)
+        store.create(path, art.data)
         return PUBLISHED
     except FileExistsError:
-        return PUBLISHED if store.read(path) == data else OTHER_WON
+        return PUBLISHED if _same_manifest(store.read(path), art) else OTHER_WON
 
 
 def _read_or_none(store: Store, path: str) -> bytes | None:
@@ -156,37 +187,29 @@ def _read_or_none(store: Store, path: str) -> bytes | None:
         return None
 
 
-def _update_ref(store: Store, manifest: Manifest) -> None:
-    """Point the ref at this manifest unless it already names a newer one (advisory; see store)."""
-    ref = store.read_ref(manifest.entry)
-    if ref and ref.get("fingerprint") == manifest.fingerprint:
-        return
-    if ref and parse_time(str(ref.get("created", ""))) > parse_time(manifest.created):
-        return
-    store.write_ref(manifest)
+def _update_ref(store: Store, manifest: Manifest, rounds: int = 20) -> None:
+    """Point the ref at the entry's newest manifest (see the module docstring for why this converges)."""
+    for _ in range(rounds):
+        newest = _newest_manifest(store, manifest.entry) or manifest
+        ref = store.read_ref(manifest.entry)
+        if ref and ref.get("fingerprint") == newest.fingerprint:
+            return
+        store.write_ref(newest)
+
+
+def _newest_manifest(store: Store, entry: str) -> Manifest | None:
+    found, _ = store.load_manifests(sorted(store.find(f"manifests/{check_name(entry, 'entry name')}")))
+    if not found:
+        return None
+    return max((m for _, m, _ in found), key=lambda m: (parse_time(m.created), m.fingerprint))
 
 
 def _result(store: Store, art: LocalArtifact, status: str, path: str, uploaded: list[str],
-            started: float) -> PublishResult:
+            started: float, repaired: int = 0) -> PublishResult:
     sizes = art.sizes
     return PublishResult(
         artifact_dir=art.path, entry=art.manifest.entry, fingerprint=art.manifest.fingerprint,
         status=status, manifest_url=store.url_of(path), files=len(art.manifest.files),
         size=art.manifest.total_size, uploaded_objects=len(uploaded),
         uploaded_size=sum(sizes[s] for s in uploaded), reused_objects=len(art.sources) - len(uploaded),
-        seconds=time.monotonic() - started)
-
-
-def render_publish(results: list[PublishResult], url: str, console: Any) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"published to {url}", title_justify="left")
-    for column in ("entry", "fingerprint", "status", "uploaded", "reused", "size", "seconds"):
-        table.add_column(column)
-    labels = {PUBLISHED: "[green]published[/green]", ALREADY: "already there",
-              OTHER_WON: "[yellow]another publish won[/yellow]"}
-    for r in results:
-        table.add_row(r.entry, r.fingerprint[:16], labels.get(r.status, r.status),
-                      f"{r.uploaded_objects} ({human_size(r.uploaded_size)})", str(r.reused_objects),
-                      human_size(r.size), f"{r.seconds:.1f}")
-    console.print(table)
+        seconds=time.monotonic() - started, repaired_objects=repaired)

@@ -72,6 +72,15 @@ def test_init_container_fetches_into_the_cache_vllm_reads(pod):
     assert {"name": volume, "emptyDir": {}} in pod["volumes"]
 
 
+def test_init_container_has_a_deadline_and_a_node_cache(pod):
+    [init] = pod["initContainers"]
+    assert float(option(init["command"], "--deadline")) > 0  # a stalled store cannot hold the pod
+    cache_dir = env_of(init)["AOTC_CACHE_DIR"]["value"]
+    [mount] = [m for m in init["volumeMounts"] if m["mountPath"] == cache_dir]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # shared by every pod on the node
+
+
 def test_store_matrix_and_policy_come_from_kubernetes(pod):
     [init], [vllm] = pod["initContainers"], pod["containers"]
     env = env_of(init)
@@ -124,7 +133,7 @@ def test_indexed_job_shards_match_completions():
     assert script.index("aotc build") < script.index("aotc verify") < script.index("aotc publish")
     [check] = kind("k8s/build-job.yaml", "CronJob")
     [checker] = check["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    assert checker["command"][:3] == ["python", "-m", "aotc.completeness"]
+    assert checker["command"][:2] == ["aotc", "completeness"]
 
 
 # --- the CI workflow ------------------------------------------------------------------------------
@@ -202,7 +211,7 @@ def test_optional_fetch_of_a_published_artifact_and_integrity_errors_still_fail(
 
 
 def completeness(store: Path):
-    return subprocess.run([sys.executable, "-m", "aotc.completeness", str(DEMO), "--store", str(store)],
+    return subprocess.run([sys.executable, "-m", "aotc.cli", "completeness", str(DEMO), "--store", str(store), "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
 
 

@@ -7,6 +7,8 @@ Faults (each rule hits ``times`` matching requests, every ``every``-th one, per 
   drop_response  forward (the server acts on it), then drop the connection: a reply lost in transit
   truncate       forward, answer 200 with half the body and a Content-Length that says so
   reset_mid      forward, send half the body, then drop the connection
+  stall          hold the request without answering until the proxy stops (a hung store)
+  flip           forward, then flip the lowest bit of the body byte right after the first ``arg``
 
 In-process (tests): ``FaultProxy(upstream).start()`` runs it on a thread. As a process (the benchmark,
 so it does not share the client's GIL): ``python -m aotc.testing.faultproxy --upstream URL --latency 0.03``
@@ -36,6 +38,7 @@ class Rule:
     times: int = 1
     per_path: bool = False
     every: int = 1
+    arg: str = ""
 
 
 class FaultProxy:
@@ -58,9 +61,9 @@ class FaultProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def add(self, kind: str, match: str = "", method: str | None = None, times: int = 1,
-            per_path: bool = False, every: int = 1) -> None:
+            per_path: bool = False, every: int = 1, arg: str = "") -> None:
         with self._lock:
-            self.rules.append(Rule(kind, match, method, times, per_path, every))
+            self.rules.append(Rule(kind, match, method, times, per_path, every, arg))
 
     def clear(self) -> None:
         with self._lock:
@@ -69,7 +72,7 @@ class FaultProxy:
             self._seen.clear()
             self.injected.clear()
 
-    def _pick(self, method: str, path_qs: str) -> str | None:
+    def _pick(self, method: str, path_qs: str) -> Rule | None:
         with self._lock:
             self.requests += 1
             for i, rule in enumerate(self.rules):
@@ -80,7 +83,7 @@ class FaultProxy:
                 if self._hits[key] < rule.times and self._seen[key] % rule.every == 0:
                     self._hits[key] += 1
                     self.injected[rule.kind] += 1
-                    return rule.kind
+                    return rule
         return None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -92,8 +95,12 @@ class FaultProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         if self.latency:
             await asyncio.sleep(self.latency)
-        fault = self._pick(request.method, request.path_qs)
+        rule = self._pick(request.method, request.path_qs)
+        fault = rule.kind if rule else None
         body = await request.read()
+        if fault == "stall":
+            await self._stop.wait()
+            return self._drop(request)
         if fault == "503":
             return web.json_response({"error": {"code": 503, "message": "injected"}}, status=503)
         if fault == "reset":
@@ -104,7 +111,17 @@ class FaultProxy:
             if fault == "drop_response":
                 await up.read()
                 return self._drop(request)
+            if fault == "flip":
+                return await self._flipped(up, rule.arg.encode())
             return await self._relay(request, up, fault)
+
+    @staticmethod
+    async def _flipped(up, after: bytes) -> web.Response:
+        body = bytearray(await up.read())
+        at = body.find(after) + len(after) if after in body else len(body) // 2
+        body[at] ^= 1
+        headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS}
+        return web.Response(status=up.status, body=bytes(body), headers=headers)
 
     async def _relay(self, request: web.Request, up, fault: str | None) -> web.StreamResponse:
         headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS}

@@ -94,18 +94,18 @@ def test_not_found_names_the_inputs_that_differ(local_url, artifacts, tmp_path, 
 
 def test_integrity_failures_exit_4_and_keep_the_old_dest(local_url, artifacts, tmp_path):
     art = artifacts()
-    ok_json("publish", str(art), "--store", local_url)
+    earlier = artifacts(files={"tp1_rank0/old": b"keep me"}, inputs={"v": "earlier"})
+    ok_json("publish", str(art), str(earlier), "--store", local_url)
+    dest = tmp_path / "dest"  # an earlier fetch: the only kind of non-empty dest fetch replaces
+    ok_json("fetch", "--fingerprint", Manifest.load(earlier).fingerprint, "--dest", str(dest), "--store", local_url)
     store = Store.from_url(local_url)
     victim = Manifest.load(art).files[0]
     path = Path(store.object_path(victim.sha256))
     path.write_bytes(b"X" + path.read_bytes()[1:])
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    (dest / "old").write_text("keep me")
     message = fails(4, "fetch", "--fingerprint", Manifest.load(art).fingerprint, "--dest", str(dest),
                     "--store", local_url)
     assert victim.sha256 in message and victim.path in message
-    assert tree(dest) == {"old": b"keep me"}
+    assert tree(dest) == expected_dest(earlier)
 
 
 def test_publishing_a_tampered_artifact_exits_4(local_url, artifacts):

@@ -214,7 +214,7 @@ class StoreContract:
         by_name = {e.name: e for e in info.entries}
         assert [m.fingerprint for m in by_name["a--x"].manifests] == [fingerprint_of(a2), fingerprint_of(a1)]
         assert by_name["a--x"].ref == fingerprint_of(a2)
-        assert any("not valid JSON" in w for w in info.warnings)
+        assert any(w.kind == "damaged_manifest" and "not valid JSON" in w.message for w in info.warnings)
         doc = json.loads(json.dumps(info.to_dict()))
         assert doc["objects"] == len(info.objects) and doc["unreferenced_objects"] == 0
 
@@ -349,6 +349,4 @@ def test_progress_goes_through_the_callback(memory_url, artifacts, tmp_path, cap
     seen.clear()
     fetch_artifact(memory_url, str(tmp_path / "d"), fingerprint=fingerprint_of(art), callback=Recorder())
     assert seen[-1] == Manifest.load(art).total_size
-    assert capsys.readouterr() == ("", "")  # the library itself never prints
-    publish_artifacts([str(art)], memory_url, progress=True)  # a bar on stderr, no crash
-    fetch_artifact(memory_url, str(tmp_path / "d"), fingerprint=fingerprint_of(art), progress=True)
+    assert capsys.readouterr() == ("", "")  # the library itself never prints; the CLI draws the bar

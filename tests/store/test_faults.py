@@ -57,15 +57,15 @@ def test_publish_survives_503s_and_a_lost_create_reply(url, art, proxy):
     assert not store.scan().warnings
 
 
-def test_a_body_short_on_every_attempt_is_an_integrity_error(url, art, proxy, tmp_path):
-    publish_artifacts([str(art)], url)
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    (dest / "keep").write_bytes(b"old")
+def test_a_body_short_on_every_attempt_is_an_integrity_error(url, art, artifacts, proxy, tmp_path):
+    earlier = artifacts(files={"tp1_rank0/keep": b"old"}, inputs={"v": "earlier"})
+    publish_artifacts([str(art), str(earlier)], url)
+    dest = tmp_path / "dest"  # an earlier fetch: the only kind of non-empty dest fetch replaces
+    fetch_artifact(url, str(dest), fingerprint=Manifest.load(earlier).fingerprint)
     proxy.add("truncate", OBJECT_GET, times=1000)
     with pytest.raises(IntegrityError, match="after 3 attempts"):
         fetch_artifact(url, str(dest), fingerprint=Manifest.load(art).fingerprint)
-    assert tree(dest) == {"keep": b"old"} and sorted(os.listdir(tmp_path)) == ["artifacts", "dest"]
+    assert tree(dest) == expected_dest(earlier) and sorted(os.listdir(tmp_path)) == ["artifacts", "dest"]
 
 
 def test_a_server_that_keeps_failing_fails_the_fetch_cleanly(url, art, proxy, tmp_path):

@@ -1,0 +1,115 @@
+"""Small file helpers the whole core shares: hashing, sizes, times, exclusive creates, the atomic dir swap.
+
+The swap (``replace_dir``) is how build places an artifact dir and fetch places a dest: the new tree is
+complete beside the target, then one rename makes it visible. ``renameat2(RENAME_EXCHANGE)`` swaps both
+in one step; where it is unavailable the target is first renamed to ``<new>.old`` and
+``recover_swap`` puts it back if a kill struck between the two renames.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+from datetime import datetime, timezone
+
+OLD_SUFFIX = ".old"
+
+
+def sha256_file(path: str, block: int = 4 << 20) -> tuple[str, int]:
+    """(hex sha256, size) of a file, read in blocks."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def parse_time(text: str) -> float:
+    """ISO-8601 → epoch seconds; unparseable sorts oldest (0.0)."""
+    try:
+        stamp = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return 0.0
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.timestamp()
+
+
+def remove_quietly(path: str) -> None:
+    """Unlink a file that may already be gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_new(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Create a fresh regular file: never through a link, never over someone else's file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def replace_dir(new: str, target: str) -> None:
+    """Make the complete dir ``new`` visible at ``target``; the previous ``target`` is removed after.
+
+    Raises OSError (EBUSY, EXDEV) when ``target`` cannot be renamed over, e.g. a mount point.
+    """
+    if not os.path.lexists(target):
+        os.rename(new, target)
+        return
+    if exchange(new, target):
+        shutil.rmtree(new, ignore_errors=True)  # ``new`` now holds the previous target
+        return
+    aside = new + OLD_SUFFIX
+    os.rename(target, aside)
+    os.rename(new, target)  # a kill between the two renames: recover_swap(target, aside) restores it
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def recover_swap(target: str, aside: str) -> bool:
+    """After a kill in the fallback swap: put ``aside`` back if ``target`` is gone, else drop it.
+
+    True when it restored ``target``.
+    """
+    if not os.path.lexists(aside):
+        return False
+    if not os.path.lexists(target):
+        os.rename(aside, target)
+        return True
+    shutil.rmtree(aside, ignore_errors=True)
+    return False
+
+
+def exchange(a: str, b: str) -> bool:
+    """renameat2(RENAME_EXCHANGE): swap two dirs in one step, so ``b`` never disappears (Linux).
+
+    False where the kernel or filesystem lacks it (or ``AOTC_NO_RENAME_EXCHANGE=1`` says so, which
+    exercises the fallback on kernels that have it).
+    """
+    if os.environ.get("AOTC_NO_RENAME_EXCHANGE") == "1":
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)

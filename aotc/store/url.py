@@ -1,0 +1,47 @@
+"""Which store, and the fsspec options a CLI user can only give through the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from aotc.errors import BadInput
+
+DEFAULT_STORE_DIR = ".aotc/store"
+ENV_STORE = "AOTC_STORE"
+ENV_STORE_OPTIONS = "AOTC_STORE_OPTIONS"  # JSON object of fsspec storage options
+ENV_STORE_ENDPOINT = "AOTC_STORE_ENDPOINT"  # gs:// endpoint (an emulator); implies anonymous access
+ENV_STORAGE_EMULATOR = "STORAGE_EMULATOR_HOST"
+
+
+def resolve_store_url(cli_url: str | None, config_store: str | None = None) -> str:
+    """--store > $AOTC_STORE > the config's ``store:`` > ``.aotc/store`` under the cwd."""
+    for candidate in (cli_url, os.environ.get(ENV_STORE), config_store):
+        if candidate:
+            return candidate
+    return os.path.abspath(DEFAULT_STORE_DIR)
+
+
+def protocol_of(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
+
+
+def store_options_from_env(protocol: str) -> dict[str, Any]:
+    """Storage options a CLI user (or a test) can only pass through the environment."""
+    options: dict[str, Any] = {}
+    raw = os.environ.get(ENV_STORE_OPTIONS)
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            raise BadInput(f"${ENV_STORE_OPTIONS} is not a JSON object: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise BadInput(f"${ENV_STORE_OPTIONS} must be a JSON object, got {type(parsed).__name__}")
+        options.update(parsed)
+    if protocol in ("gs", "gcs"):
+        endpoint = os.environ.get(ENV_STORE_ENDPOINT) or os.environ.get(ENV_STORAGE_EMULATOR)
+        if endpoint:
+            options.setdefault("endpoint_url", endpoint)
+            options.setdefault("token", "anon")  # an emulator has no auth; probing for it stalls
+    return options
