@@ -64,7 +64,12 @@ def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[s
         raise ValueError(f"runner {entry.runner} cannot describe its stock server (RunnerSpec.serve)")
     args, env = spec.load("serve")(entry.to_dict(), str(cache_dir))
     env = {**env, **{k: str(v) for k, v in entry.env.items()}}
-    return dict(args), env
+    args = dict(args)
+    if entry.device != "cpu":
+        # The twin serves dummy weights (graphs depend on shapes only, and the demo model has none);
+        # a TPU pod serves its model's own.
+        args.pop("load_format", None)
+    return args, env
 
 
 def cli_flags(args: Mapping[str, Any]) -> list[str]:

@@ -37,6 +37,10 @@ class RunnerSpec:
     serve: str | None = None
     """``module:callable(entry: dict, cache_dir) -> (engine_args, env)``: the stock ``vllm serve`` for an
     entry (aotc/server.py turns it into a command line; env values None mean unset)."""
+    cache_log: str | None = None
+    """``module:callable() -> {"env": {...}, "hit": regex, "miss": regex}``: logging-only settings under which
+    the stack logs each persistent-cache lookup (both regexes capture graph name and cache key); the
+    canary counts start-up hits with it. None: the cache's files are the only evidence."""
     pins: Mapping[str, str] = field(default_factory=dict)
     """The versions of ``packages`` this aotc supports (its lock file; a test keeps them equal): the
     fingerprint's versions where the runner's interpreter is not installed, e.g. a fetch init container."""

@@ -27,6 +27,7 @@ SPEC = RunnerSpec(
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
     serve="aotc.runners.tpu_inference.engine:serve_settings",
+    cache_log="aotc.runners.tpu_inference.engine:cache_log",
     pins={"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48", "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0",
           "torchax": "0.0.13"},  # requirements/jax.lock
 )

@@ -126,6 +126,14 @@ def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any
     return engine_args(entry), serving_env(entry, cache_dir)
 
 
+def cache_log() -> dict[str, Any]:
+    """RunnerSpec.cache_log: JAX logs every persistent-cache lookup (jax/_src/compiler.py)."""
+    # WARNING-level hit and miss lines (JAX_DEBUG_LOG_MODULES prints nothing under vLLM); neither changes a key.
+    return {"env": {"JAX_LOG_COMPILES": "1", "JAX_EXPLAIN_CACHE_MISSES": "1"},
+            "hit": r"Persistent compilation cache hit for '([^']+)' with key '([^']+)'",
+            "miss": r"PERSISTENT COMPILATION CACHE MISS for '([^']+)' with key '([^']+)'"}
+
+
 def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
     """Start vLLM in-process; returns (llm, seconds). `before_start` runs after the env is set."""
     apply_env(runtime_env(entry, cache_dir))
