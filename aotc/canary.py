@@ -94,6 +94,8 @@ class CanaryResult:
     guard: dict[str, float] | None = None
     bench: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    limitations: list[str] = field(default_factory=list)
+    """Request options not driven because the stock server of this stack cannot serve them (RunnerSpec.unserved)."""
 
     @property
     def compiles_at_startup(self) -> int:
@@ -158,7 +160,7 @@ def fetch(config: str, entry: str, store: str | None, dest: Path, command: Serve
     if proc.returncode:
         message = (proc.stderr.strip().splitlines() or [f"aotc fetch exited {proc.returncode}"])[-1]
         errors = {2: BadInput, 3: NotFoundInStore, 4: IntegrityError}
-        raise errors.get(proc.returncode, AotcError)(f"canary fetch: {message.removeprefix('aotc: ')}")
+        raise errors.get(proc.returncode, AotcError)(f"canary fetch: {message.removeprefix('aotc: ').removeprefix('error: ')}")
     return Manifest.load(dest)
 
 
@@ -175,7 +177,9 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         at_ready = Snapshot.of(cache)
         log(f"ready after {result.ready_seconds} s; driving {requests} requests")
         bench = run_bench(entry, command, work, requests, seed)
-        mix = run_sampling_mix(command, entry)
+        unserved = load_runner(entry.runner).unserved
+        result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
+        mix = run_sampling_mix(command, entry, skip=tuple(unserved))
         result.bench = bench
         result.requests = bench.get("completed", 0) + mix["completed"]
         result.failed_requests = bench.get("failed", 0) + mix["failed"]
@@ -280,8 +284,9 @@ def sampling_mix(entry: Entry) -> list[dict[str, Any]]:
     ]
 
 
-def run_sampling_mix(command: ServerCommand, entry: Entry, timeout: float = 300) -> dict[str, Any]:
-    bodies = [{**b, "model": command.model} for b in sampling_mix(entry)]
+def run_sampling_mix(command: ServerCommand, entry: Entry, skip: tuple[str, ...] = (),
+                     timeout: float = 300) -> dict[str, Any]:
+    bodies = [{**{k: v for k, v in b.items() if k not in skip}, "model": command.model} for b in sampling_mix(entry)]
     # Twice at once: a batch of max_num_seqs mixing every knob, greedy with random.
     bodies = (bodies * (1 + entry.max_num_seqs // len(bodies)))[:max(entry.max_num_seqs, len(bodies))]
     problems: list[str] = []
@@ -327,6 +332,8 @@ def render_canary(result: CanaryResult, console) -> None:
         console.print(f"  [red]compiled, not in the cache:[/red] {name}")
     for problem in result.problems:
         console.print(f"  [red]problem:[/red] {problem}")
+    for limitation in result.limitations:
+        console.print(f"  [yellow]limitation:[/yellow] {limitation}")
     if result.guard:
         console.print("  guard: " + ", ".join(f"{k} {v:g}" for k, v in sorted(result.guard.items())))
     console.print(result.verdict)

@@ -253,3 +253,16 @@ def test_completeness_check_names_missing_entries_then_passes(tmp_path):
     proc = completeness(published_demo(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["complete"] is True
+
+
+def test_ci_and_build_job_run_the_canary_after_publish():
+    [workflow] = docs("ci/github-actions.yaml")
+    [job] = workflow["jobs"].values()
+    runs = [s.get("run", "") for s in job["steps"]]
+    publish = next(i for i, run in enumerate(runs) if "aotc publish" in run)
+    canary = next(i for i, run in enumerate(runs) if "aotc canary" in run)
+    assert publish < canary and "|| exit 1" in runs[canary]
+    [build] = kind("k8s/build-job.yaml", "Job")
+    [container] = build["spec"]["template"]["spec"]["containers"]
+    script = "\n".join(container["command"])
+    assert script.index("aotc publish") < script.index("aotc canary") < script.index("exit $status")

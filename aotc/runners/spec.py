@@ -41,6 +41,9 @@ class RunnerSpec:
     """``module:callable() -> {"env": {...}, "hit": regex, "miss": regex}``: logging-only settings under which
     the stack logs each persistent-cache lookup (both regexes capture graph name and cache key); the
     canary counts start-up hits with it. None: the cache's files are the only evidence."""
+    unserved: Mapping[str, str] = field(default_factory=dict)
+    """Request options the stock server of this stack cannot serve -> why (the upstream reference). The
+    canary leaves them out of its load and reports each one: a documented limitation, never a silent skip."""
     pins: Mapping[str, str] = field(default_factory=dict)
     """The versions of ``packages`` this aotc supports (its lock file; a test keeps them equal): the
     fingerprint's versions where the runner's interpreter is not installed, e.g. a fetch init container."""

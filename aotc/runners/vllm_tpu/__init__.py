@@ -25,5 +25,10 @@ SPEC = RunnerSpec(
     packages=("torch", "torch_xla", "vllm", "libtpu"),
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
     serve="aotc.runners.vllm_tpu.engine:serve_settings",
+    # Not the twin: vLLM 0.13's own TPUModelRunner (sample_tokens' concat_lists) extends Python lists with the
+    # numpy rows LogprobsLists holds since vllm-project/vllm#28245; on a TPU too.
+    unserved={"logprobs": "vLLM 0.13 TPUModelRunner: the engine core's output thread dies on 'numpy.int64 is not "
+                          "serializable' and the request hangs (LogprobsLists is numpy since vllm-project/vllm#28245; "
+                          "same failure: tenstorrent/tt-xla#3310)"},
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21"},  # requirements/full.lock
 )
