@@ -11,6 +11,7 @@ Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT
 * probe         -- cache-dir / counter / stderr evidence per call
 * worker        -- measuring TPUWorker and its PJRT-CPU twin
 * twin_platform, twin_attention -- the CPU twin's TpuPlatform and Pallas stand-in
+* watcher       -- the serving guard's torch_xla compile counter (aotc/guard.py)
 
 Importing this package must not import torch: vLLM loads `cpu_platform` in
 every process that resolves its platform.
@@ -31,4 +32,5 @@ SPEC = RunnerSpec(
                           "serializable' and the request hangs (LogprobsLists is numpy since vllm-project/vllm#28245; "
                           "same failure: tenstorrent/tt-xla#3310)"},
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21"},  # requirements/full.lock
+    watcher="aotc.runners.vllm_tpu.watcher:Watcher",
 )
