@@ -17,6 +17,7 @@ under the loadability verdict, never a pass for loading.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
 from aotc.runners.spec import load_runner
@@ -106,24 +108,41 @@ class CanaryResult:
         return len(self.serving.missing) + len(self.serving.rewritten_files)
 
     @property
+    def strict_failed_cached(self) -> int:
+        """Requests AOTC_GUARD=strict failed because their step compiled a graph the cache holds (a stack
+        that cannot load it, torch_xla 2.9.0): the loadability verdict's, not coverage's. 0 unless every
+        compile the guard saw after ready was of a cached graph."""
+        guard = self.guard or {}
+        after = {k: v for k, v in guard.items() if k.startswith("aotc_compiles_after_ready_total")}
+        if not after or any(v and 'family="cached"' not in k for k, v in after.items()):
+            return 0
+        return int(guard.get("aotc_requests_failed_total", 0))
+
+    @property
+    def unexplained_failures(self) -> int:
+        return max(0, self.failed_requests - self.strict_failed_cached)
+
+    @property
     def ok(self) -> bool:
-        return not self.graphs_missing and not self.failed_requests and not self.problems
+        return not self.graphs_missing and not self.unexplained_failures and not self.problems
 
     @property
     def verdict(self) -> str:
         if not self.ok:
-            named = "; ".join(self.graphs_missing[:10]) or "; ".join(self.problems[:3])
-            return f"{self.runner}: FAILED: {named or f'{self.failed_requests} failed requests'}"
+            named = "; ".join(self.graphs_missing[:10]) or "; ".join(p.splitlines()[0] for p in self.problems[:3])
+            return f"{self.runner}: FAILED: {named or f'{self.unexplained_failures} failed requests'}"
         recompiled = len(self.startup.rewritten_files) + len(self.serving.rewritten_files)
         if recompiled:
+            failed = (f"; AOTC_GUARD=strict failed {self.failed_requests} request(s) whose step recompiled one"
+                      if self.failed_requests else "")
             return (f"{self.runner}: every graph covered over {self.requests} requests; {recompiled} recompiled "
-                    f"because this stack cannot load its cache ({LOADABILITY_REFERENCE})")
+                    f"because this stack cannot load its cache ({LOADABILITY_REFERENCE}){failed}")
         return f"{self.runner}: 0 compiles after ready over {self.requests} requests"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(ok=self.ok, verdict=self.verdict, compiles_at_startup=self.compiles_at_startup,
-                    compiles_after_ready=self.compiles_after_ready)
+                    compiles_after_ready=self.compiles_after_ready, strict_failed_cached=self.strict_failed_cached)
         return data
 
 
@@ -135,8 +154,7 @@ def run_canary(config: str, entry_name: str, store: str | None = None, requests:
     log = log or (lambda msg: print(f"aotc canary: {msg}", file=sys.stderr, flush=True))
     matrix = load_matrix(config)
     entry = matrix.entry(entry_name)
-    with tempfile.TemporaryDirectory(prefix="aotc-canary-", dir=work_dir) as tmp:
-        work = Path(tmp)
+    with _work_dir(work_dir) as work:
         cache = work / "cache"
         command = serve_command(entry, cache, free_port(), guard="strict")
         log(f"fetch {entry.name} into {cache}")
@@ -148,10 +166,24 @@ def run_canary(config: str, entry_name: str, store: str | None = None, requests:
         return result
 
 
+@contextlib.contextmanager
+def _work_dir(keep: str | None):
+    """``keep``: this directory, left in place (server and bench logs); else a temporary one."""
+    if keep:
+        path = Path(keep)
+        path.mkdir(parents=True, exist_ok=True)
+        if (path / "cache").exists():
+            raise BadInput(f"canary --work-dir {keep} already holds a cache; give a fresh directory")
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="aotc-canary-") as tmp:
+        yield Path(tmp)
+
+
 def fetch(config: str, entry: str, store: str | None, dest: Path, command: ServerCommand) -> Manifest:
     """The init container: ``aotc fetch`` as its own process, with the pod's environment (the fingerprint's
     flags and runner variables are the server's)."""
-    from aotc.errors import AotcError, BadInput, IntegrityError, NotFoundInStore
+    from aotc.errors import AotcError, IntegrityError, NotFoundInStore
 
     argv = [sys.executable, "-m", "aotc.cli", "fetch", "--config", config, "--entry", entry, "--dest", str(dest)]
     if store:

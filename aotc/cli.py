@@ -188,7 +188,7 @@ def cmd_canary(args: argparse.Namespace, out: Output) -> int:
     if args.requests < 1:
         raise_usage("canary --requests must be at least 1")
     url = resolve_store_url(args.store, load_matrix(args.config).store)
-    result = run_canary(args.config, args.entry, url, requests=args.requests, seed=args.seed)
+    result = run_canary(args.config, args.entry, url, requests=args.requests, seed=args.seed, work_dir=args.work_dir)
     out.emit(result.to_dict(), lambda: render_canary(result, console()))
     return 0 if result.ok else EXIT_CHECK_FAILED
 
@@ -274,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL")
     p.add_argument("--requests", type=int, default=64, metavar="N", help="prompts for vllm bench serve")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--work-dir", metavar="DIR", help="keep the fetched cache, server and bench logs here")
 
     command("doctor", cmd_doctor, "versions, this environment's fingerprint inputs, a loadability probe")
     return parser
