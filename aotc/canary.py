@@ -96,6 +96,9 @@ class CanaryResult:
     guard: dict[str, float] | None = None
     bench: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    """What kept the canary from judging: the load generator failed, the server died."""
+    failures: list[str] = field(default_factory=list)
+    """A sample of the failed requests' errors."""
     limitations: list[str] = field(default_factory=list)
     """Request options not driven because the stock server of this stack cannot serve them (RunnerSpec.unserved)."""
 
@@ -130,7 +133,7 @@ class CanaryResult:
     def verdict(self) -> str:
         if not self.ok:
             named = "; ".join(self.graphs_missing[:10]) or "; ".join(p.splitlines()[0] for p in self.problems[:3])
-            return f"{self.runner}: FAILED: {named or f'{self.unexplained_failures} failed requests'}"
+            return f"{self.runner}: FAILED: {named or f'{self.unexplained_failures} failed request(s): {self.failures[:1]}'}"
         recompiled = len(self.startup.rewritten_files) + len(self.serving.rewritten_files)
         if recompiled:
             failed = (f"; AOTC_GUARD=strict failed {self.failed_requests} request(s) whose step recompiled one"
@@ -215,15 +218,16 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         result.bench = bench
         result.requests = bench.get("completed", 0) + mix["completed"]
         result.failed_requests = bench.get("failed", 0) + mix["failed"]
-        result.problems += bench.get("problems", []) + mix["problems"]
+        result.problems += bench.get("problems", [])
+        result.failures = mix["errors"]
         result.guard = scrape_guard(command.url)
         server.stop()
     after = Snapshot.of(cache)
     text = server_log.read_text(errors="replace")
     result.startup = phase(before, at_ready, text[:ready_offset], cache_log)
     result.serving = phase(at_ready, after, text[ready_offset:], cache_log)
-    if result.failed_requests or result.problems:
-        result.problems.append(f"server log tail:\n{server.tail(15)}")
+    if result.unexplained_failures or result.problems:
+        result.failures.append(f"server log tail:\n{server.tail(15)}")
 
 
 def phase(before: Snapshot, after: Snapshot, log_text: str, cache_log: dict[str, Any]) -> Phase:
@@ -321,12 +325,10 @@ def run_sampling_mix(command: ServerCommand, entry: Entry, skip: tuple[str, ...]
     bodies = [{**{k: v for k, v in b.items() if k not in skip}, "model": command.model} for b in sampling_mix(entry)]
     # Twice at once: a batch of max_num_seqs mixing every knob, greedy with random.
     bodies = (bodies * (1 + entry.max_num_seqs // len(bodies)))[:max(entry.max_num_seqs, len(bodies))]
-    problems: list[str] = []
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         outcomes = list(pool.map(lambda b: post_json(command.url + "/v1/completions", b, timeout), bodies))
     failed = [o for o in outcomes if isinstance(o, str)]
-    problems += sorted(set(failed))[:3]
-    return {"completed": len(outcomes) - len(failed), "failed": len(failed), "problems": problems}
+    return {"completed": len(outcomes) - len(failed), "failed": len(failed), "errors": sorted(set(failed))[:3]}
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | str:
@@ -362,7 +364,7 @@ def render_canary(result: CanaryResult, console) -> None:
                   f"recompiled" + (f", {r.hits}/{r.lookups} lookups hit" if r.lookups is not None else ""))
     for name in result.graphs_missing:
         console.print(f"  [red]compiled, not in the cache:[/red] {name}")
-    for problem in result.problems:
+    for problem in result.problems + result.failures:
         console.print(f"  [red]problem:[/red] {problem}")
     for limitation in result.limitations:
         console.print(f"  [yellow]limitation:[/yellow] {limitation}")
