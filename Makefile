@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 .PHONY: env env-jax build-cache test test-fast bench lock clean help
 
 help:
-	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE)"
+	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE), then each canary's verdict"
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
 	@echo "make test-fast     the suite without the slow end-to-end tests"
