@@ -364,8 +364,11 @@ def render_canary(result: CanaryResult, console) -> None:
                   f"recompiled" + (f", {r.hits}/{r.lookups} lookups hit" if r.lookups is not None else ""))
     for name in result.graphs_missing:
         console.print(f"  [red]compiled, not in the cache:[/red] {name}")
-    for problem in result.problems + result.failures:
+    for problem in result.problems:
         console.print(f"  [red]problem:[/red] {problem}")
+    style = "red" if result.unexplained_failures else "yellow"  # yellow: strict on a recompiled cached graph
+    for failure in result.failures:
+        console.print(f"  [{style}]failed request:[/{style}] {failure}")
     for limitation in result.limitations:
         console.print(f"  [yellow]limitation:[/yellow] {limitation}")
     if result.guard:
