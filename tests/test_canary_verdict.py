@@ -46,3 +46,22 @@ def test_graph_names_come_from_the_manifest():
     manifest = Manifest(entry="e", fingerprint="f", inputs={}, created="now", aotc_version="0", runner="r",
                         device="cpu", graphs=(GraphRecord("backbone", {"num_tokens": 16}, ("tp1_rank0/123",)),))
     assert name_graphs(manifest, ["tp1_rank0/123", "jit_y-9"]) == ["jit_y-9", 'backbone {"num_tokens": 16} (123)']
+
+
+def test_nothing_published_is_exit_3_in_one_line_before_any_server(tmp_path):
+    from .conftest import CONFIGS, run_aotc
+
+    (tmp_path / "store").mkdir()
+    proc = run_aotc("canary", CONFIGS / "demo.yaml", "--entry", "tiny-llama--len128-seqs8-tok64-tp1",
+                    "--store", tmp_path / "store", "--json")
+    assert proc.returncode == 3, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("aotc: ")] == [
+        proc.stderr.strip().splitlines()[-1]] and "nothing is published" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_request_count_is_a_usage_error(tmp_path):
+    from .conftest import CONFIGS, run_aotc
+
+    proc = run_aotc("canary", CONFIGS / "demo.yaml", "--entry", "x", "--requests", "0")
+    assert proc.returncode == 2 and "--requests" in proc.stderr
