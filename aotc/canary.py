@@ -19,12 +19,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -39,7 +37,7 @@ from aotc.runners.spec import load_runner
 from aotc.server import Server, ServerCommand, free_port, serve_command
 
 LOADABILITY_REFERENCE = "pytorch/xla#9094"
-# tpu-inference: JAX logs every persistent-cache lookup at DEBUG in this module (jax/_src/compiler.py).
+# The guard's series on vLLM's /metrics (aotc/guard_metrics.py), e.g. aotc_compiles_after_ready_total{family="cached"} 1.0
 GUARD_METRIC = re.compile(r"^(aotc_[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
 
 
