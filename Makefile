@@ -17,17 +17,18 @@ export AOTC_PYTHON_TPU_INFERENCE ?= $(JAX_VENV)/bin/python
 UV = $(shell command -v uv || echo $(AOTC_HOME)/uv-$(UV_VERSION)/bin/uv)
 STORE ?= .aotc/store
 ARTIFACTS ?= .aotc/artifacts
-DEMO ?= configs/demo.yaml
+# both backends by default (DEMO=configs/demo.yaml: the torch_xla one only)
+DEMO ?= configs/demo.yaml configs/demo-jax.yaml
 PYTEST_ARGS ?=
 
 .PHONY: env env-jax build-cache test test-fast bench lock clean help
 
 help:
-	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE)"
+	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE), then each canary's verdict"
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
 	@echo "make test-fast     the suite without the slow end-to-end tests"
-	@echo "make bench         benchmarks (store fetch, build overhead and --jobs scaling)"
+	@echo "make bench         benchmarks (store fetch, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
 
 # The stack is ~10 GB: install it once per lock into $(VENV); later runs only re-link aotc itself.
@@ -53,14 +54,25 @@ $(JAX_VENV)/.installed: $(JAX_LOCK)
 env-jax: $(JAX_VENV)/.installed
 	@$(UV) pip install -q --python $(JAX_VENV)/bin/python --no-deps --link-mode copy --reinstall-package aotc -e .
 
+# The default demo covers both backends; DEMO=one.yaml builds just that one. Each ends with the canary's
+# verdict: the stock `vllm serve` from the store under vLLM's own load generator (aotc canary).
 # A matrix on the tpu-inference runner also needs the JAX venv.
+CANARY_REQUESTS ?= 500
 build-cache: env $(if $(shell grep -l 'runner: *tpu-inference' $(DEMO) 2>/dev/null),env-jax)
-	$(BIN)/aotc plan $(DEMO)
-	$(BIN)/aotc build $(DEMO) --out $(ARTIFACTS)
-	@for dir in $(ARTIFACTS)/*/; do $(BIN)/aotc verify $$dir || exit 1; done
-	$(BIN)/aotc publish $(ARTIFACTS)/*/ --store $(STORE)
+	@for demo in $(DEMO); do \
+	  $(BIN)/aotc plan $$demo && $(BIN)/aotc build $$demo --out $(ARTIFACTS)/$$(basename $$demo .yaml) || exit 1; \
+	done
+	@for dir in $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))); do \
+	  $(BIN)/aotc verify $$dir || exit 1; done
+	$(BIN)/aotc publish $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))) --store $(STORE)
 	$(BIN)/aotc ls --store $(STORE)
-	@echo "fetch in a pod: aotc fetch --config $(DEMO) --entry <name> --dest \$$VLLM_XLA_CACHE_PATH --store $(STORE)"
+	@for demo in $(DEMO); do for dir in $(ARTIFACTS)/$$(basename $$demo .yaml)/*/; do \
+	  $(BIN)/aotc canary $$demo --entry $$(basename $$dir) --store $(STORE) --requests $(CANARY_REQUESTS) --json \
+	    > $${dir%/}.canary.json; rc=$$?; \
+	  $(BIN)/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["verdict"])' $${dir%/}.canary.json || exit 1; \
+	  [ $$rc -eq 0 ] || exit $$rc; \
+	done; done
+	@echo "fetch in a pod: aotc fetch --config <demo> --entry <name> --dest \$$VLLM_XLA_CACHE_PATH --store $(STORE)"
 
 test: env env-jax
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && echo "no tests ran" && exit 1; exit $$rc
@@ -71,7 +83,7 @@ test-fast: env
 bench: env env-jax
 	$(BIN)/python bench/bench_fetch.py
 	$(BIN)/python bench/bench_build.py
-	$(BIN)/python bench/bench_jax_startup.py
+	$(BIN)/python bench/bench_startup.py
 
 lock:
 	$(UV) pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_31 --generate-hashes -q -o requirements/core.lock

@@ -252,6 +252,19 @@ def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
     return 0 if report.get("ok", True) else EXIT_CHECK_FAILED
 
 
+def cmd_canary(args: argparse.Namespace, out: Output) -> int:
+    from aotc.canary import render_canary, run_canary
+    from aotc.matrix import load_matrix
+    from aotc.store import resolve_store_url
+
+    if args.requests < 1:
+        raise_usage("canary --requests must be at least 1")
+    url = resolve_store_url(args.store, load_matrix(args.config).store)
+    result = run_canary(args.config, args.entry, url, requests=args.requests, seed=args.seed, work_dir=args.work_dir)
+    out.emit(result.to_dict(), lambda: render_canary(result, console()))
+    return 0 if result.ok else EXIT_CHECK_FAILED
+
+
 # --- parser ---------------------------------------------------------------------------------------
 
 
@@ -343,6 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("fingerprint", cmd_fingerprint, "print an entry's fingerprint and its inputs")
     p.add_argument("config")
     p.add_argument("--entry", required=True, metavar="NAME")
+
+    p = command("canary", cmd_canary, "what a pod runs: fetch, the stock vllm serve, vLLM's load generator; "
+                "exit 1 naming each graph compiled that the cache lacks")
+    p.add_argument("config")
+    p.add_argument("--entry", required=True, metavar="NAME")
+    p.add_argument("--store", metavar="URL")
+    p.add_argument("--requests", type=int, default=64, metavar="N", help="prompts for vllm bench serve")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--work-dir", metavar="DIR", help="keep the fetched cache, server and bench logs here")
 
     command("doctor", cmd_doctor, "versions, this environment's fingerprint inputs, a loadability probe")
     return parser

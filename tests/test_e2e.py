@@ -84,3 +84,19 @@ def test_an_artifact_that_failed_verify_is_not_published(built, tmp_path):
     proc = run_aotc("publish", damaged, "--store", store)
     assert proc.returncode == 1 and "2 cache miss(es)" in proc.stderr
     assert not (store / "manifests").exists() or not any((store / "manifests").rglob("*.json"))
+
+
+def test_canary_names_a_deleted_graph_and_counts_recompiles_under_loadability(built, tmp_path):
+    """The stock `vllm serve` of vLLM 0.13 from a fetched artifact with one backbone file deleted: exit 1
+    naming that graph; the graphs torch_xla 2.9.0 compiles again although cached are counted, never a pass."""
+    import os
+
+    from tests.helpers.canary import canary, publish_copy
+
+    store, dropped = publish_copy(built, tmp_path, dict(os.environ), drop_family="backbone")
+    code, doc, err = canary(DEMO, ENTRY, store, dict(os.environ), requests=8)
+    assert code == 1, err[-2000:]
+    assert [name for name in doc["graphs_missing"] if name.startswith("backbone ")], doc["graphs_missing"]
+    assert dropped in doc["startup"]["new_files"]
+    assert doc["startup"]["rewritten_files"] and doc["loadable"] is not True
+    assert [lim for lim in doc["limitations"] if lim.startswith("logprobs")]

@@ -13,6 +13,7 @@ import yaml
 
 from aotc.fingerprint import fingerprint_entry
 from aotc.matrix import load_matrix
+from aotc.server import serve_command
 
 from .conftest import CONFIGS, REPO, run_aotc
 from .helpers.artifacts import make_artifact
@@ -116,6 +117,45 @@ def test_vllm_runs_the_engine_the_entry_was_built_for(pod, settings):
     assert vllm["resources"]["limits"]["google.com/tpu"] == chips
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
     assert "cloud.google.com/gke-tpu-topology" in pod["nodeSelector"]
+
+
+# --- every serving Deployment runs the canary's server (aotc/server.py), both backends ----------------
+
+SERVING = {"k8s/serving.yaml": ("example-tpu.yaml", "aotc-settings"),
+           "k8s/serving-tpu-inference.yaml": ("example-tpu-jax.yaml", "aotc-settings-jax")}
+
+
+def served(manifest: str):
+    matrix, settings_name = SERVING[manifest]
+    [deployment] = kind(manifest, "Deployment")
+    [config] = [c for c in kind(manifest, "ConfigMap") if c["metadata"]["name"] == settings_name]
+    entry = load_matrix(CONFIGS / matrix).entry(config["data"]["entry"])
+    return entry, deployment["spec"]["template"]["spec"]
+
+
+def plain_env(container: dict) -> dict[str, str]:
+    return {name: e["value"] for name, e in env_of(container).items() if "value" in e}
+
+
+@pytest.mark.parametrize("manifest", sorted(SERVING))
+def test_pod_runs_the_stock_server_the_canary_runs(manifest):
+    entry, pod = served(manifest)
+    [init], [vllm] = pod["initContainers"], pod["containers"]
+    command = vllm["command"]
+    expected = serve_command(entry, option(init["command"], "--dest"), int(option(command, "--port")),
+                             host=option(command, "--host"), guard=None)
+    assert command == ["vllm", *expected.argv[1:]]  # same flags, KV page count included
+    env = plain_env(vllm)
+    assert {k: env.get(k) for k in expected.env} == expected.env  # None: must be unset
+    assert env["AOTC_GUARD"] in ("1", "strict")
+
+
+@pytest.mark.parametrize("manifest", sorted(SERVING))
+def test_init_container_fingerprints_what_the_server_runs(manifest):
+    """fetch in the init container (no runner venv there) computes the engine container's fingerprint."""
+    entry, pod = served(manifest)
+    [init], [vllm] = pod["initContainers"], pod["containers"]
+    assert fingerprint_entry(entry, plain_env(init)).digest == fingerprint_entry(entry, plain_env(vllm)).digest
 
 
 # --- the sharded build Job ------------------------------------------------------------------------
@@ -222,3 +262,16 @@ def test_completeness_check_names_missing_entries_then_passes(tmp_path):
     proc = completeness(published_demo(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["complete"] is True
+
+
+def test_ci_and_build_job_run_the_canary_after_publish():
+    [workflow] = docs("ci/github-actions.yaml")
+    [job] = workflow["jobs"].values()
+    runs = [s.get("run", "") for s in job["steps"]]
+    publish = next(i for i, run in enumerate(runs) if "aotc publish" in run)
+    canary = next(i for i, run in enumerate(runs) if "aotc canary" in run)
+    assert publish < canary and "|| exit 1" in runs[canary]
+    [build] = kind("k8s/build-job.yaml", "Job")
+    [container] = build["spec"]["template"]["spec"]["containers"]
+    script = "\n".join(container["command"])
+    assert script.index("aotc publish") < script.index("aotc canary") < script.index("exit $status")

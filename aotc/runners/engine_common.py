@@ -17,8 +17,9 @@ def apply_env(env: dict[str, str | None]) -> None:
 
 
 def engine_args(entry: dict[str, Any], model: str, local: bool, seed: int, **runner_args: Any) -> dict[str, Any]:
-    """vllm.LLM arguments for an entry: its shapes and dtype, dummy weights, then the runner's own arguments,
-    then the matrix's ``engine:`` (last, so an entry can override any of them)."""
+    """vLLM engine arguments for an entry, shared by aotc's in-process engine and the stock ``vllm serve``
+    (aotc/server.py): its shapes and dtype, dummy weights, then the runner's own arguments, then the matrix's
+    ``engine:`` (last, so an entry can override any of them)."""
     args: dict[str, Any] = {
         "model": model,
         "max_model_len": entry["max_model_len"],
@@ -28,10 +29,7 @@ def engine_args(entry: dict[str, Any], model: str, local: bool, seed: int, **run
         "dtype": entry["dtype"],
         # Graphs depend on shapes and dtypes, never on weight values.
         "load_format": "dummy",
-        # Prompts are token ids; the tokenizer changes no graph.
-        "skip_tokenizer_init": True,
         "seed": seed,
-        "disable_log_stats": True,
         **runner_args,
     }
     if not local and entry.get("revision"):

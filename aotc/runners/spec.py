@@ -39,6 +39,19 @@ class RunnerSpec:
     probe: str | None = None
     """``module:callable() -> dict`` ``aotc doctor`` runs: can this stack load its own persistent cache?
     The dict carries at least ``loadable`` (bool) and ``verdict`` (one line)."""
+    serve: str | None = None
+    """``module:callable(entry: dict, cache_dir) -> (engine_args, env)``: the stock ``vllm serve`` for an
+    entry (aotc/server.py turns it into a command line; env values None mean unset)."""
+    cache_log: str | None = None
+    """``module:callable() -> {"env": {...}, "hit": regex, "miss": regex}``: logging-only settings under which
+    the stack logs each persistent-cache lookup (both regexes capture graph name and cache key); the
+    canary counts start-up hits with it. None: the cache's files are the only evidence."""
+    unserved: Mapping[str, str] = field(default_factory=dict)
+    """Request options the stock server of this stack cannot serve -> why (the upstream reference). The
+    canary leaves them out of its load and reports each one: a documented limitation, never a silent skip."""
+    pins: Mapping[str, str] = field(default_factory=dict)
+    """The versions of ``packages`` this aotc supports (its lock file; a test keeps them equal): the
+    fingerprint's versions where the runner's interpreter is not installed, e.g. a fetch init container."""
     validate: str | None = None
     """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry, one problem a
     line as ``KEY.PATH: reason`` with the key path relative to the model (``env.X: ...``); [] when valid."""

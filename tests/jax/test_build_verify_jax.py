@@ -69,3 +69,30 @@ def test_a_missing_cache_file_fails_verify_naming_its_family(jax_env, artifact, 
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     said = proc.stdout + proc.stderr
     assert "NOT COVERED: 1 graph(s) missed the cache (backbone)" in said, said[-3000:]
+
+
+# --- the canary: the stock `vllm serve` from a fetched artifact (issue 9, issue 14) ---------------------
+
+
+@pytest.mark.slow
+def test_canary_stock_server_loads_every_graph_and_compiles_nothing(jax_env, artifact, tmp_path):
+    from tests.helpers.canary import canary, publish_copy
+
+    store, _ = publish_copy(artifact, tmp_path, jax_env)
+    code, doc, err = canary(DEMO, ENTRY, store, jax_env)
+    assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
+    # every start-up lookup of the API server + engine-core server hit the build's keys (issue 14)
+    assert doc["startup"]["lookups"] == doc["startup"]["hits"] > 0 and doc["startup"]["new_files"] == []
+    assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
+    assert doc["requests"] >= 16 and doc["failed_requests"] == 0 and doc["ready_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_canary_names_the_graph_a_published_artifact_lacks(jax_env, artifact, tmp_path):
+    from tests.helpers.canary import canary, publish_copy
+
+    store, dropped = publish_copy(artifact, tmp_path, jax_env, drop_family="backbone")
+    code, doc, err = canary(DEMO, ENTRY, store, jax_env, requests=4)
+    assert code == 1, err[-2000:]
+    assert [name for name in doc["graphs_missing"] if name.startswith("backbone ")], doc["graphs_missing"]
+    assert dropped.removesuffix("-cache") in doc["startup"]["new_files"]

@@ -21,11 +21,12 @@ def precompile_calls(recs: list[Record]) -> list[Graph]:
 
 
 def flag_error(launch_env: dict[str, str]) -> str | None:
-    """The fingerprint predicts the flags tpu-inference adds (SPEC.implied_flags); check it did."""
+    """The fingerprint predicts the flags a stock server's engine core hashes (implied_flags once per
+    import, aotc.fingerprint.xla_flags); this process started as that engine core does: check it did."""
     expected, actual = xla_flags(launch_env, RUNNER), effective_flags()
     if expected != actual:
         return (f"effective XLA flags {actual} differ from the fingerprint's {expected}: "
-                "update implied_flags in aotc/runners/tpu_inference/__init__.py for this tpu-inference")
+                "update the tpu-inference RunnerSpec's implied_flags for this tpu-inference")
     return None
 
 

@@ -9,12 +9,12 @@ default JAX keeps only graphs that took >= 1 s to compile, and a pod would compi
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from aotc.runners.engine_common import apply_env
 from aotc.runners.engine_common import engine_args as common_engine_args
-from aotc.runners.paddings import page_size
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
 
@@ -25,18 +25,16 @@ PERSIST_EVERYTHING = {
 }
 
 
-def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
-    """Variables to set (None = unset) before vLLM is imported."""
+def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
+    """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset."""
     env: dict[str, str | None] = {
-        # In-process engine: one process to measure, and the runner's jits are reachable from here.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_XLA_CACHE_PATH": cache_dir,
+        # From process start, not only once tpu-inference's compilation manager starts: the first few
+        # graphs (jit(stage), _threefry_seed, ...) compile before it and would miss the cache.
         "JAX_COMPILATION_CACHE_DIR": cache_dir,
         "VLLM_DISABLE_COMPILE_CACHE": None,
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        # Sequential precompiles: each compile is tied to the call that asked for it.
-        "NUM_PRECOMPILE_WORKERS": "1",
         **PERSIST_EVERYTHING,
     }
     if entry.get("model_path"):
@@ -59,25 +57,63 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     return env
 
 
+def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
+    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify.
+
+    The pod's settings plus what makes one process compute the keys a stock server's engine core does:
+    tpu_inference/env_override.py prepends its flags to XLA_FLAGS / LIBTPU_INIT_ARGS at import, once in
+    the API server and again in the engine core, which inherits that environment. JAX hashes every copy,
+    so this process starts with the API server's copy and adds the engine core's when it imports.
+    """
+    environ = os.environ if environ is None else environ
+    env = serving_env(entry, cache_dir)
+    env.update({
+        # In-process engine: one process to measure, and the runner's jits are reachable from here.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # Sequential precompiles: each compile is tied to the call that asked for it.
+        "NUM_PRECOMPILE_WORKERS": "1",
+    })
+    env.update(api_server_flags(environ))
+    return env
+
+
+def api_server_flags(environ) -> dict[str, str]:
+    """XLA_FLAGS / LIBTPU_INIT_ARGS as the API server leaves them for its engine core (env_override.py)."""
+    from . import SPEC
+
+    return {var: " ".join(flags) + " " + environ.get(var, "") for var, flags in SPEC.implied_flags.items()}
+
+
 # The engine's seed is baked into graphs (dummy-weight init): build, verify and a pod must share it.
 # vLLM's default. The traffic seed is separate.
 ENGINE_SEED = 0
 
 
 def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
-    if entry["device"] == "cpu":
-        # The KV cache's page count is a shape in every backbone graph: fix it, for build and verify
-        # alike, at what max_num_seqs full-length requests need (+1: vLLM's null block).
-        extra["num_gpu_blocks_override"] = kv_blocks(entry)
     # A local model as the matrix resolved it (relative paths are relative to the config, not our cwd).
     local = entry.get("model_path")
-    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED, **extra)
+    # The KV cache's page count is a shape in every backbone graph: pinned for build, verify and pods.
+    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED,
+                              num_gpu_blocks_override=kv_blocks(entry))
 
 
 def kv_blocks(entry: dict[str, Any]) -> int:
-    block = (entry.get("engine") or {}).get("block_size") or page_size(entry["max_model_len"])
-    return entry["max_num_seqs"] * -(-entry["max_model_len"] // block) + 1
+    from .buckets import kv_blocks as entry_kv_blocks
+
+    return entry_kv_blocks(entry)
+
+
+def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """RunnerSpec.serve: the stock `vllm serve`'s engine arguments and environment for this entry."""
+    return engine_args(entry), serving_env(entry, cache_dir)
+
+
+def cache_log() -> dict[str, Any]:
+    """RunnerSpec.cache_log: JAX logs every persistent-cache lookup (jax/_src/compiler.py)."""
+    # WARNING-level hit and miss lines (JAX_DEBUG_LOG_MODULES prints nothing under vLLM); neither changes a key.
+    return {"env": {"JAX_LOG_COMPILES": "1", "JAX_EXPLAIN_CACHE_MISSES": "1"},
+            "hit": r"Persistent compilation cache hit for '([^']+)' with key '([^']+)'",
+            "miss": r"PERSISTENT COMPILATION CACHE MISS for '([^']+)' with key '([^']+)'"}
 
 
 def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
@@ -88,7 +124,8 @@ def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
     started = time.perf_counter()
     from vllm import LLM
 
-    llm = LLM(**engine_args(entry))
+    # Prompts are token ids here; the tokenizer changes no graph.
+    llm = LLM(**engine_args(entry), skip_tokenizer_init=True, disable_log_stats=True)
     return llm, time.perf_counter() - started
 
 

@@ -13,6 +13,7 @@ Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT
 * probe         -- cache-dir / counter / stderr evidence per call
 * worker        -- measuring TPUWorker and its PJRT-CPU twin
 * twin_platform, twin_attention -- the CPU twin's TpuPlatform and Pallas stand-in
+* watcher       -- the serving guard's torch_xla compile counter (aotc/guard.py)
 
 Importing this package must not import torch: vLLM loads `cpu_platform` in
 every process that resolves its platform.
@@ -28,4 +29,12 @@ SPEC = RunnerSpec(
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
     validate="aotc.runners.vllm_tpu.buckets:validate",
     probe="aotc.runners.vllm_tpu.doctor:loadability_probe",
+    serve="aotc.runners.vllm_tpu.engine:serve_settings",
+    # Not the twin: vLLM 0.13's own TPUModelRunner (sample_tokens' concat_lists) extends Python lists with the
+    # numpy rows LogprobsLists holds since vllm-project/vllm#28245; on a TPU too.
+    unserved={"logprobs": "vLLM 0.13 TPUModelRunner: the engine core's output thread dies on 'numpy.int64 is not "
+                          "serializable' and the request hangs (LogprobsLists is numpy since vllm-project/vllm#28245; "
+                          "same failure: tenstorrent/tt-xla#3310)"},
+    pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21"},  # requirements/full.lock
+    watcher="aotc.runners.vllm_tpu.watcher:Watcher",
 )

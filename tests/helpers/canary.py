@@ -1,0 +1,41 @@
+"""Shared by the canary tests of both backends: publish an artifact (optionally with one cache file
+deleted) into a store of its own, and run the real `aotc canary` CLI against it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from aotc.manifest import Manifest
+
+
+def publish_copy(artifact: Path, work: Path, env: dict, drop_family: str | None = None) -> tuple[Path, str | None]:
+    """A store holding ``artifact``; with ``drop_family``, one cache file of that family's first graph is
+    gone from the published artifact (its manifest still names the graph). Returns (store, dropped key)."""
+    copy = work / "artifact" / artifact.name
+    shutil.copytree(artifact, copy)
+    dropped = None
+    if drop_family:
+        manifest = json.loads((copy / "manifest.json").read_text())
+        [graph, *_] = [g for g in manifest["graphs"] if g["family"] == drop_family and g["keys"]]
+        dropped = graph["keys"][0]
+        (copy / "cache" / dropped).unlink()
+        manifest["files"] = [f for f in manifest["files"] if f["path"] != dropped]
+        (copy / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        Manifest.load(copy)  # still a valid manifest
+    store = work / "store"
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", "publish", str(copy), "--store", str(store)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return store, dropped
+
+
+def canary(config: Path, entry: str, store: Path, env: dict, requests: int = 16) -> tuple[int, dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", "canary", str(config), "--entry", entry, "--store",
+                           str(store), "--requests", str(requests), "--json"],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, doc, proc.stderr

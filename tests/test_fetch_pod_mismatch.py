@@ -1,0 +1,56 @@
+"""A pod's init container fetches with the core's venv only, and names what differs from the build (issue 14):
+XLA flags as JAX hashes them, the pinned KV page count; the runner's venv is not needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aotc.fingerprint import fingerprint_entry
+from aotc.matrix import load_matrix
+
+from .conftest import CONFIGS, run_aotc
+from .helpers.artifacts import make_artifact
+
+DEMO = CONFIGS / "demo-jax.yaml"
+ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
+# An init container: no runner interpreter, no flags of its own.
+POD = {"AOTC_PYTHON_TPU_INFERENCE": "", "XLA_FLAGS": "", "LIBTPU_INIT_ARGS": "", "VLLM_ENABLE_V1_MULTIPROCESSING": "",
+       "AOTC_REQUIRE": ""}
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    """The store after a build: the artifact under the fingerprint the build computed (its own venv's versions)."""
+    fp = fingerprint_entry(load_matrix(DEMO).entry(ENTRY), {k: v for k, v in POD.items() if v})
+    artifact = make_artifact(tmp_path / "art", entry=ENTRY, fingerprint=fp.digest, inputs=fp.inputs)
+    proc = run_aotc("publish", artifact, "--store", tmp_path / "store")
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path / "store"
+
+
+def fetch(store: Path, dest: Path, config: Path = DEMO, **env: str):
+    return run_aotc("fetch", "--config", config, "--entry", ENTRY, "--dest", dest, "--store", store,
+                    env={**POD, **env})
+
+
+def test_init_container_without_the_runner_venv_fetches(store, tmp_path):
+    proc = fetch(store, tmp_path / "dest")
+    assert proc.returncode == 0, proc.stderr  # exit 3 before: versions read as None
+
+
+@pytest.mark.parametrize("env", [{"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"},
+                                 # one process: tpu-inference's flags once, not twice as the build's engine core
+                                 {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}], ids=["extra-flag", "in-process-server"])
+def test_pod_whose_flags_differ_is_named(store, tmp_path, env):
+    proc = fetch(store, tmp_path / "dest", **env)
+    assert proc.returncode == 3 and "xla_flags" in proc.stderr, proc.stderr
+
+
+def test_pod_whose_kv_size_differs_is_named(store, tmp_path):
+    text = DEMO.read_text().replace("./models/tiny-llama", str(CONFIGS / "models" / "tiny-llama"))
+    config = tmp_path / "pod.yaml"
+    config.write_text(text.replace("  dtype: bfloat16", "  dtype: bfloat16\n  engine: {num_gpu_blocks_override: 33}"))
+    proc = fetch(store, tmp_path / "dest", config=config)
+    assert proc.returncode == 3 and "kv_blocks: here 33, published 65" in proc.stderr, proc.stderr
