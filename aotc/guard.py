@@ -1,18 +1,24 @@
 """The aotc guard: a vLLM general plugin (group ``vllm.general_plugins``) that watches a serving pod.
 
-vLLM calls ``register()`` in every one of its processes whenever aotc is installed, so this module
-must cost nothing when ``AOTC_GUARD`` is unset: it imports only the standard library at module level,
-and ``register()`` returns before touching anything else.
+vLLM calls ``register()`` in every one of its processes whenever aotc is installed (``vllm serve``'s
+API server, its engine-core process, aotc's in-process engine), so this module must cost nothing when
+``AOTC_GUARD`` is unset: it imports only the standard library at module level, and ``register()`` returns
+before touching anything else.
 
-With ``AOTC_GUARD=1`` (or ``strict``) it patches vLLM's ``TPUWorker`` when that module is imported —
-subclasses such as aotc's CPU twin call ``super()`` and are covered too:
+With ``AOTC_GUARD=1`` (or ``strict``) it hooks stock vLLM, the same on every backend:
 
-* ``init_device``: compare ``$VLLM_XLA_CACHE_PATH/manifest.json`` (written by ``aotc fetch``) with this
-  engine's fingerprint, and log one line: matching, mismatched (naming the differing inputs) or absent.
-* ``compile_or_warm_up_model``: mark the end of warm-up; compiles before it are expected.
-* ``execute_model`` / ``sample_tokens``: after each call, read three counters (no device sync) and
-  log every XLA compile, persistent-cache miss or dynamo graph that appeared since the last step,
-  with the step's padded shape and the graph families the manifest lacks for it. ``strict`` raises.
+* ``EngineCore._initialize_kv_caches`` (engine-core process, before the KV cache and warm-up): compare
+  ``$VLLM_XLA_CACHE_PATH/manifest.json`` (written by ``aotc fetch``) with this engine's fingerprint and log
+  one line: matching, mismatched (naming the differing inputs) or absent. When it returns, warm-up is
+  over: the engine is *ready*, and every compile from here on is reported.
+* ``Scheduler.update_from_output``: with ``strict``, the requests of a step that compiled finish with
+  vLLM's own per-request error (``FinishReason.ERROR``, as for a grammar that fails to compile): the client
+  gets an error, the server keeps serving.
+* vLLM's ``/metrics`` route: the guard's figures (aotc/guard_metrics.py).
+
+What counts as a compile is the backend's business: the runner's ``RunnerSpec.watcher`` (``module:Class``)
+is built with the process's ``GuardSession`` and hooks its stack (torch_xla's counters, JAX's monitoring
+events). A runner without a watcher is logged as unwatched, never silently ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +38,9 @@ from typing import Any
 ENV_GUARD = "AOTC_GUARD"
 ENV_ACCELERATOR = "AOTC_ACCELERATOR"
 GKE_ACCELERATOR_ENV = "TPU_ACCELERATOR_TYPE"  # set by GKE/TPU VMs, e.g. "v6e-8"
-TWIN_ENV = "AOTC_CPU_TWIN"  # aotc.runners.vllm_tpu.cpu_platform.ENV_FLAG, without importing it
-TPU_WORKER_MODULE = "vllm.v1.worker.tpu_worker"
 LAUNCH_FLAGS_ENV = "AOTC_GUARD_LAUNCH_FLAGS"
-XLA_COUNTERS = ("UncachedCompile", "PersistentCacheMiss")
-DYNAMO_GRAPHS = "DynamoGraphs"
+ENGINE_CORE_MODULE = "vllm.v1.engine.core"
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 
 # Engine args vLLM rewrites before a worker sees them (TPU replaces block_size with its page size):
 # the running config cannot tell what was asked for, so the manifest's value stands in.
@@ -51,20 +56,7 @@ ENGINE_ARGS: dict[str, Callable[[Any], Any]] = {
     "disable_chunked_mm_input": lambda c: c.scheduler_config.disable_chunked_mm_input,
 }
 
-# Which shape fields of a step decide each graph family sample_tokens runs (vllm 0.13 TPUModelRunner).
-STEP_FAMILIES: dict[str, tuple[str, ...]] = {
-    "backbone": ("num_tokens",),
-    "select_hidden_states": ("num_tokens", "num_reqs"),
-    "compute_logits": ("num_reqs",),
-    "sample_from_logits": ("num_reqs", "all_greedy"),
-    "gather_logprobs": ("num_reqs",),
-}
-
 logger = logging.getLogger("vllm.aotc.guard")  # a child of vLLM's logger: its format, level, handler
-
-
-class CompiledAfterWarmUp(RuntimeError):
-    """AOTC_GUARD=strict: the server compiled a graph in the middle of serving."""
 
 
 def guard_mode(environ: Mapping[str, str] | None = None) -> str | None:
@@ -75,12 +67,36 @@ def guard_mode(environ: Mapping[str, str] | None = None) -> str | None:
     return "strict" if value == "strict" else "log"
 
 
+_session: GuardSession | None = None
+
+
 def register() -> None:
     """vLLM's general-plugin hook; may run several times per process."""
-    if guard_mode() is None:
+    global _session
+    mode = guard_mode()
+    if mode is None or _session is not None:
         return
+    from aotc import guard_metrics
+
     remember_launch_flags()
-    when_imported(TPU_WORKER_MODULE, patch_worker)
+    guard_metrics.metrics_dir()  # created by the first process, inherited by the ones vLLM starts
+    _session = GuardSession(mode, running_runner())
+    when_imported(ENGINE_CORE_MODULE, functools.partial(patch_engine_core, _session))
+    when_imported(SCHEDULER_MODULE, functools.partial(patch_scheduler, _session))
+    when_imported(guard_metrics.VLLM_METRICS_ROUTE, guard_metrics.serve_on_vllm_metrics)
+
+
+def running_runner() -> Any:
+    """The registered runner whose whole stack is installed in this interpreter (None: none or several).
+
+    Each runner's stack lives in its own venv (requirements/*.lock), so its distributions tell them apart
+    without importing anything.
+    """
+    from aotc.fingerprint import package_version
+    from aotc.runners.spec import registered
+
+    installed = [spec for spec in registered().values() if all(package_version(p) for p in spec.packages)]
+    return installed[0] if len(installed) == 1 else None
 
 
 def remember_launch_flags(environ: dict[str, str] | Any = None) -> None:
@@ -124,7 +140,8 @@ class CacheCheck:
     graphs: tuple | None = None  # the manifest's GraphRecords (None: no manifest), to name what a compile lacked
 
 
-def running_entry(vllm_config: Any, manifest: Any = None, environ: Mapping[str, str] | None = None):
+def running_entry(vllm_config: Any, manifest: Any = None, environ: Mapping[str, str] | None = None, *,
+                  runner: str, device: str):
     """The matrix Entry this engine is, read from its VllmConfig (what the pod really runs)."""
     from aotc.matrix import Entry
 
@@ -136,8 +153,8 @@ def running_entry(vllm_config: Any, manifest: Any = None, environ: Mapping[str, 
         name=manifest.entry if manifest is not None else "running",
         model_name=os.path.basename(model.rstrip("/")), model=model,
         revision=model_cfg.revision or "main",  # vLLM's None is the hub's default branch, the matrix's "main"
-        runner="vllm-tpu",
-        device="cpu" if environ.get(TWIN_ENV) == "1" else "tpu",
+        runner=runner,
+        device=device,
         accelerator=(environ.get(ENV_ACCELERATOR) or environ.get(GKE_ACCELERATOR_ENV)
                      or published.get("accelerator") or "unknown"),
         # vLLM resolves "auto" before a worker exists; only the manifest remembers it was asked for
@@ -157,7 +174,8 @@ def _engine_args(vllm_config: Any, published: dict[str, Any]) -> dict[str, Any]:
             else ENGINE_ARGS[key](vllm_config) for key, value in published.items()}
 
 
-def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | None = None) -> CacheCheck:
+def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | None = None, *,
+                runner: str, device: str) -> CacheCheck:
     from aotc.errors import IntegrityError
     from aotc.fingerprint import describe_diff, digest_of, fingerprint_inputs
     from aotc.manifest import MANIFEST_NAME, Manifest
@@ -172,7 +190,7 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
     except (OSError, IntegrityError) as exc:
         return CacheCheck("unreadable", f"cannot read {path}: {exc}; treating the cache as unknown")
     environ = launch_environ(os.environ if environ is None else environ)
-    ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ), environ)
+    ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ)
     digest = digest_of(ours)
     where = f"cache {cache_dir} (entry {manifest.entry}, fingerprint {manifest.fingerprint[:16]})"
     if digest == manifest.fingerprint:
@@ -189,189 +207,242 @@ def log_cache_check(check: CacheCheck) -> None:
     (logger.info if check.status == "match" else logger.warning)("aotc guard: %s", check.line)
 
 
-# --- after warm-up: count compiles at step boundaries ---------------------------------------------
+def uncovered_families(graphs: Any, step: dict[str, Any], families: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """Families of this step whose padded shape no manifest graph record has.
 
-
-RESTORED_BY_DYNAMO = ("UncachedCompile",)
-_banked: dict[str, int] = {}
-
-
-def bank_across_clears(met: Any) -> None:
-    """Keep counts torch_xla's dynamo bridge erases.
-
-    While it compiles a new graph the bridge calls ``metrics.clear_counters()`` for every FX node and
-    puts back only UncachedCompile, so a PersistentCacheMiss would vanish before the step ends. Wrap
-    the module function once per process (it chains with any other wrapper, e.g. the build probe's).
+    ``families`` maps each family a step runs to the step fields that pick its bucket (a runner's table).
     """
-    original = met.clear_counters
-    if getattr(original, "_aotc_guard_banks", False):
-        return
-
-    def clear_and_bank():
-        for name in XLA_COUNTERS:
-            if name not in RESTORED_BY_DYNAMO:
-                _banked[name] = _banked.get(name, 0) + (met.counter_value(name) or 0)
-        return original()
-
-    clear_and_bank._aotc_guard_banks = True  # type: ignore[attr-defined]
-    met.clear_counters = clear_and_bank
-
-
-def read_counters() -> dict[str, int]:
-    """Process-wide counters; C++/dict reads that never wait for the device."""
-    import torch._dynamo.utils as dynamo_utils
-    import torch_xla.debug.metrics as met
-
-    values = {name: (met.counter_value(name) or 0) + _banked.get(name, 0) for name in XLA_COUNTERS}
-    values[DYNAMO_GRAPHS] = dynamo_utils.counters["stats"]["unique_graphs"]
-    return values
-
-
-def counter_delta(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
-    """What grew; torch_xla's dynamo bridge clears counters mid-graph, so a drop means a reset."""
-    return {k: v - before.get(k, 0) if v >= before.get(k, 0) else v for k, v in now.items()}
-
-
-def uncovered_families(graphs: Any, step: dict[str, Any]) -> list[str]:
-    """Families of this step whose padded shape no manifest graph record has."""
     def covered(family: str, keys: tuple[str, ...]) -> bool:
         return any(g.family == family and all(g.shape.get(k) == step.get(k) for k in keys) for g in graphs)
 
-    families = [f for f in STEP_FAMILIES if f != "gather_logprobs" or step.get("logprobs")]
-    return [f"{f}[{', '.join(f'{k}={step.get(k)}' for k in STEP_FAMILIES[f])}]"
-            for f in families if not covered(f, STEP_FAMILIES[f])]
+    return [f"{f}[{', '.join(f'{k}={step.get(k)}' for k in keys)}]"
+            for f, keys in families.items() if not covered(f, keys)]
 
 
-class Guard:
-    """One per worker: the warm-up mark, the last counter reading and the totals since warm-up."""
+# --- after ready: what the runner's watcher reports -----------------------------------------------
 
-    def __init__(self, strict: bool, rank: int, graphs: tuple | None = None,
-                 counters: Callable[[], dict[str, int]] = read_counters):
-        self.strict, self.rank, self.graphs, self._counters = strict, rank, graphs, counters
-        self.warm = False
+
+@dataclass(frozen=True)
+class StepCompiles:
+    """What one step compiled, as a watcher saw it."""
+
+    where: str  # execute_model | sample_tokens
+    compiles: int  # graphs compiled (not loaded from the cache)
+    evidence: dict[str, int]  # the backend's own counters that moved, by their names
+    step: dict[str, Any]  # the step's padded shape
+    family: str  # metrics label: the first family the manifest lacks, "unplanned" or "cached"
+    explanation: str
+    functions: tuple[str, ...] = ()  # compiled functions with their argument shapes, when the backend names them
+    request_ids: tuple[str, ...] = ()
+
+
+def counter_delta(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
+    """What grew; a counter that dropped was reset (torch_xla's dynamo bridge), so its value is the growth."""
+    return {k: v - before.get(k, 0) if v >= before.get(k, 0) else v for k, v in now.items()}
+
+
+class StepWatch:
+    """A backend's cumulative counters read at step boundaries: what grew during a step, that step did."""
+
+    def __init__(self, counters: Callable[[], dict[str, int]]):
+        self._counters = counters
         self.last: dict[str, int] = {}
-        self.totals: dict[str, int] = {}
 
-    def warmed_up(self) -> None:
-        self.last, self.warm = self._counters(), True
-        logger.info("aotc guard: rank %d: warm-up done; counting compiles from here (%s)", self.rank,
-                    "strict: a compile raises" if self.strict else "AOTC_GUARD=strict would raise")
+    def start(self) -> dict[str, int]:
+        self.last = self._counters()
+        return dict(self.last)
 
-    def after_step(self, what: str, describe_step: Callable[[], dict[str, Any]]) -> None:
-        if not self.warm:
-            return
+    def delta(self) -> dict[str, int]:
         now = self._counters()
         new = {k: v for k, v in counter_delta(self.last, now).items() if v}
         self.last = now
-        if new:
-            self._report(what, new, describe_step())
+        return new
 
-    def _report(self, what: str, new: dict[str, int], step: dict[str, Any]) -> None:
-        for k, v in new.items():
-            self.totals[k] = self.totals.get(k, 0) + v
-        line = (f"aotc guard: rank {self.rank}: compiled after warm-up in {what} "
-                f"({', '.join(f'{k} +{v}' for k, v in sorted(new.items()))}) at step "
-                f"{_fmt(step)}; {self._explain(what, new, step)}; since warm-up: {_fmt(self.totals)}")
-        if self.strict:
-            raise CompiledAfterWarmUp(line + " (AOTC_GUARD=strict)")
+
+class GuardSession:
+    """One per process: the runner, its watcher, the cache check, the ready mark and the figures."""
+
+    def __init__(self, mode: str, runner: Any):
+        from aotc.guard_metrics import Figures
+
+        self.mode, self.runner = mode, runner
+        self.strict = mode == "strict"
+        self.check: CacheCheck | None = None
+        self.ready = False
+        self.figures = Figures(runner=runner.name if runner else "unknown", mode=mode)
+        self._failing: set[str] = set()
+        self._lock = threading.Lock()
+        self.watcher = runner.load("watcher")(self) if runner is not None and runner.watcher else None
+        self.figures.watched = self.watcher is not None
+
+    @property
+    def graphs(self) -> tuple | None:
+        return self.check.graphs if self.check else None
+
+    # -- engine core ------------------------------------------------------------------------------
+
+    def start(self, vllm_config: Any, cache_dir: str | None) -> None:
+        """Before the KV cache and warm-up: the cache check, and say what is (not) watched."""
+        if self.runner is None:
+            logger.warning("aotc guard: cannot tell which aotc runner this is (none or several stacks "
+                           "installed): no cache check, compiles unwatched")
+        elif self.watcher is None:
+            logger.warning("aotc guard: runner %s has no watcher: compiles after ready are NOT counted "
+                           "(unwatched)", self.runner.name)
+        if self.runner is not None:
+            try:
+                check = check_cache(cache_dir or "", vllm_config, runner=self.runner.name,
+                                    device=self.watcher.device if self.watcher else "tpu")
+            except Exception as exc:  # the guard reports; it never stops a server from starting
+                check = CacheCheck("unreadable", f"could not check the cache: {type(exc).__name__}: {exc}")
+            log_cache_check(check)
+            self.check = check
+            self.figures.cache, self.figures.entry = check.status, check.entry or ""
+        self.publish()
+
+    def mark_ready(self) -> None:
+        if self.watcher is not None:
+            self.watcher.ready()
+        self.ready = self.figures.ready = True
+        logger.info("aotc guard: ready after %d compile(s) at start-up (%d cache hit(s)); counting compiles from "
+                    "here (%s)", self.figures.compiles_at_startup, self.figures.cache_hits,
+                    "strict: a compile fails its requests" if self.strict else "AOTC_GUARD=strict would fail them")
+        self.publish()
+
+    # -- what watchers call -----------------------------------------------------------------------
+
+    def count(self, *, compiles: int = 0, hits: int = 0, misses: int = 0) -> None:
+        """Cache traffic and compiles outside a reported step (start-up); published at ready."""
+        f = self.figures
+        f.cache_hits, f.cache_misses = f.cache_hits + hits, f.cache_misses + misses
+        if not self.ready:
+            f.compiles_at_startup += compiles
+        elif hits or misses:
+            self.publish()
+
+    def compiled(self, event: StepCompiles) -> None:
+        """A step after ready compiled: log it, count it, and with strict fail the step's requests."""
+        f = self.figures
+        f.compiles_after_ready[event.family] = f.compiles_after_ready.get(event.family, 0) + event.compiles
+        since = sum(f.compiles_after_ready.values())
+        functions = f"; compiled {', '.join(event.functions)}" if event.functions else ""
+        line = (f"aotc guard: compiled after ready in {event.where} "
+                f"({', '.join(f'{k} +{v}' for k, v in sorted(event.evidence.items()))}) at step {_fmt(event.step)}"
+                f"{functions}; {event.explanation}; since ready: {since} compile(s)")
         logger.warning("%s", line)
+        if self.strict and event.request_ids:
+            with self._lock:
+                self._failing.update(event.request_ids)
+            logger.error("aotc guard: AOTC_GUARD=strict: failing request(s) %s: their step compiled a graph "
+                         "after ready", ", ".join(event.request_ids))
+        self.publish()
 
+    def take_failing(self) -> set[str]:
+        with self._lock:
+            failing, self._failing = self._failing, set()
+        return failing
 
-    def _explain(self, what: str, new: dict[str, int], step: dict[str, Any]) -> str:
-        if self.graphs is None:
-            return "graph family unknown (no manifest)"
-        if not new.get("PersistentCacheMiss"):
-            return ("the persistent cache holds this graph but it compiled anyway (torch_xla 2.9 cannot load "
-                    "cache entries, pytorch/xla#9094)")
-        missing = uncovered_families(self.graphs, step) if what == "sample_tokens" else []
-        if missing:
-            return f"not in the cache; the manifest lacks {', '.join(missing)}"
-        return "not in the cache; every family's bucket is in the manifest: a variant capture_model does not trace"
+    def publish(self) -> None:
+        from aotc import guard_metrics
+
+        try:
+            guard_metrics.publish(self.figures)
+        except OSError as exc:  # metrics are a report; never a reason to stop serving
+            logger.warning("aotc guard: cannot write metrics snapshot: %s", exc)
 
 
 def _fmt(data: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in data.items()) or "-"
 
 
-def step_shape(runner: Any, scheduled: Any) -> dict[str, Any]:
-    """The step's padded shape, computed only when a compile was seen (never on the hot path)."""
-    from vllm.v1.worker import tpu_model_runner as tmr
-
-    batch = runner.input_batch
-    reqs = len(scheduled.num_scheduled_tokens) if scheduled is not None else batch.num_reqs
-    tokens = scheduled.total_num_scheduled_tokens if scheduled is not None else 0
-    return {
-        "num_reqs": tmr._get_padded_num_reqs_with_upper_limit(max(reqs, 1), runner.max_num_reqs),
-        "num_tokens": tmr._get_padded_token_len(runner.num_tokens_paddings, max(tokens, 1)),
-        "all_greedy": bool(batch.all_greedy),
-        "sampling": "greedy" if batch.all_greedy else "random" if batch.all_random else "greedy+random",
-        "logprobs": bool(batch.max_num_logprobs),
-        "scheduled_reqs": reqs, "scheduled_tokens": tokens,
-    }
+# --- wiring into stock vLLM -----------------------------------------------------------------------
 
 
-# --- wiring into vLLM's TPUWorker -----------------------------------------------------------------
+def patch_engine_core(session: GuardSession, module: Any) -> None:
+    """Check the cache before the KV cache and warm-up; ready when ``_initialize_kv_caches`` returns.
 
-
-def patch_worker(module: Any) -> None:
-    worker = module.TPUWorker
-    if getattr(worker, "_aotc_guarded", False):  # general plugins load more than once per process
+    The engine-core process loads general plugins inside ``EngineCore.__init__``, so only methods it calls
+    later can be hooked there; this one runs after the model is loaded, before the first warm-up compile
+    of the KV-cache-shaped graphs, in vllm 0.13 and vllm-tpu 0.32 alike.
+    """
+    core = module.EngineCore
+    if core.__dict__.get("_aotc_guarded"):
         return
-    worker._aotc_guarded = True
-    worker.init_device = _after(worker.init_device, _start_guard)
-    worker.compile_or_warm_up_model = _after(worker.compile_or_warm_up_model, _end_warm_up)
-    worker.execute_model = _at_step_boundary(worker.execute_model, "execute_model")
-    worker.sample_tokens = _at_step_boundary(worker.sample_tokens, "sample_tokens")
+    core._aotc_guarded = True
+    initialize = core._initialize_kv_caches
+
+    @functools.wraps(initialize)
+    def initialize_kv_caches(self, vllm_config, *args, **kwargs):
+        import vllm.envs as envs
+
+        session.start(vllm_config, envs.VLLM_XLA_CACHE_PATH)
+        result = initialize(self, vllm_config, *args, **kwargs)
+        session.mark_ready()
+        return result
+
+    core._initialize_kv_caches = initialize_kv_caches
 
 
-def _after(method: Callable, then: Callable[[Any], Any]) -> Callable:
+def patch_scheduler(session: GuardSession, module: Any) -> None:
+    """Fail what strict marked through vLLM's own per-request error path; the engine keeps serving."""
+    scheduler = module.Scheduler
+    if scheduler.__dict__.get("_aotc_guarded"):
+        return
+    scheduler._aotc_guarded = True
+    update = scheduler.update_from_output
+
+    @functools.wraps(update)
+    def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
+        outputs = update(self, scheduler_output, model_runner_output, *args, **kwargs)
+        if session._failing:  # a set read: nothing else on the hot path
+            fail_requests(self, outputs, session.take_failing(), session)
+        return outputs
+
+    scheduler.update_from_output = update_from_output
+
+
+def fail_requests(scheduler: Any, outputs: dict, request_ids: set[str], session: GuardSession) -> None:
+    """Finish ``request_ids`` with FinishReason.ERROR, as the scheduler does for a failed grammar compile."""
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+    from vllm.v1.request import RequestStatus
+
+    for request_id in sorted(request_ids):
+        request = scheduler.requests.get(request_id)
+        if request is None or request.is_finished():
+            continue  # it finished in the step that compiled: the client already has its answer
+        scheduler.finish_requests([request_id], RequestStatus.FINISHED_ERROR)
+        batch = outputs.setdefault(request.client_index, EngineCoreOutputs())
+        batch.outputs.append(EngineCoreOutput(request_id=request_id, new_token_ids=[],
+                                              finish_reason=FinishReason.ERROR))
+        if batch.finished_requests is not None:
+            batch.finished_requests.add(request_id)
+        session.figures.requests_failed += 1
+    session.publish()
+
+
+def patch_steps(worker_cls: Any, on_step: Callable[[Any, str, Any], None]) -> None:
+    """Call ``on_step(worker, what, scheduler_output)`` after each ``execute_model`` / ``sample_tokens``."""
+    if worker_cls.__dict__.get("_aotc_guarded"):  # general plugins load more than once per process
+        return
+    worker_cls._aotc_guarded = True
+    for what in ("execute_model", "sample_tokens"):
+        setattr(worker_cls, what, _at_step_boundary(getattr(worker_cls, what), what, on_step))
+
+
+def _at_step_boundary(method: Callable, what: str, on_step: Callable[[Any, str, Any], None]) -> Callable:
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
         result = method(self, *args, **kwargs)
-        then(self)
+        if what == "execute_model" and args:
+            self._aotc_scheduled = args[0]  # sample_tokens finishes the step execute_model scheduled
+        on_step(self, what, self.__dict__.get("_aotc_scheduled"))
         return result
 
     return wrapped
 
 
-def _guard_of(worker: Any) -> Guard | None:
-    return worker.__dict__.get("_aotc_guard")
-
-
-def _start_guard(worker: Any) -> None:
-    import torch_xla.debug.metrics as met
-    import vllm.envs as envs
-
-    bank_across_clears(met)
-
-    try:
-        check = check_cache(envs.VLLM_XLA_CACHE_PATH, worker.vllm_config)
-    except Exception as exc:  # the guard reports; it never stops a server from starting
-        check = CacheCheck("unreadable", f"could not check the cache: {type(exc).__name__}: {exc}")
-    if worker.rank == 0:
-        log_cache_check(check)
-    worker._aotc_guard = Guard(guard_mode() == "strict", worker.rank, check.graphs)
-
-
-def _end_warm_up(worker: Any) -> None:
-    guard = _guard_of(worker)
-    if guard is not None:
-        guard.warmed_up()
-
-
-def _at_step_boundary(method: Callable, what: str) -> Callable:
-    @functools.wraps(method)
-    def wrapped(self, arg, *args, **kwargs):
-        # sample_tokens consumes the scheduler output execute_model stored on the runner
-        pending = getattr(self.model_runner, "scheduler_output", None)
-        result = method(self, arg, *args, **kwargs)
-        guard = _guard_of(self)
-        if guard is not None:
-            scheduled = pending or getattr(self.model_runner, "scheduler_output", None)
-            guard.after_step(what, lambda: step_shape(self.model_runner, scheduled))
-        return result
-
-    return wrapped
+def scheduled_request_ids(scheduler_output: Any) -> tuple[str, ...]:
+    return tuple(scheduler_output.num_scheduled_tokens) if scheduler_output is not None else ()
 
 
 # --- patch a module when it is imported -----------------------------------------------------------

@@ -12,16 +12,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from aotc import guard
+from aotc import guard, guard_metrics
 from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
+from aotc.runners.spec import RunnerSpec
+from aotc.runners.vllm_tpu import watcher
 
 from .conftest import CONFIGS, REPO
 from .helpers.guard_engine import OUTCOME
 
 DEMO_ENTRY = "tiny-llama--len128-seqs8-tok64-tp1"
+TWIN = {"runner": "vllm-tpu", "device": "cpu"}  # what the vllm-tpu watcher reports on the CPU twin
 ENV = {"AOTC_CPU_TWIN": "1", "XLA_FLAGS": "--xla_dump_to=/tmp/x", "VLLM_TPU_BUCKET_PADDING_GAP": "0"}
 
 
@@ -56,7 +59,7 @@ def write_manifest(cache_dir, entry, environ, graphs=()):
 def test_matching_manifest(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, entry, ENV)
-    check = guard.check_cache(str(tmp_path), vllm_config(entry), ENV)
+    check = guard.check_cache(str(tmp_path), vllm_config(entry), ENV, **TWIN)
     assert check.status == "match", check.line
     assert DEMO_ENTRY in check.line
 
@@ -64,7 +67,7 @@ def test_matching_manifest(tmp_path):
 def test_mismatch_names_the_differing_inputs(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, replace(entry, max_num_seqs=16, engine={"block_size": 16}), ENV)
-    check = guard.check_cache(str(tmp_path), vllm_config(entry), {**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"})
+    check = guard.check_cache(str(tmp_path), vllm_config(entry), {**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"}, **TWIN)
     assert check.status == "mismatch"
     assert [d.split(":")[0] for d in check.differences] == ["env.VLLM_TPU_BUCKET_PADDING_GAP", "max_num_seqs"]
     assert "max_num_seqs: here 8, published 16" in check.line
@@ -72,9 +75,9 @@ def test_mismatch_names_the_differing_inputs(tmp_path):
 
 def test_absent_and_unreadable_manifests(tmp_path):
     entry = demo_entry()
-    assert guard.check_cache(str(tmp_path / "nothing"), vllm_config(entry), ENV).status == "absent"
+    assert guard.check_cache(str(tmp_path / "nothing"), vllm_config(entry), ENV, **TWIN).status == "absent"
     (tmp_path / "manifest.json").write_text("{not json")
-    assert guard.check_cache(str(tmp_path), vllm_config(entry), ENV).status == "unreadable"
+    assert guard.check_cache(str(tmp_path), vllm_config(entry), ENV, **TWIN).status == "unreadable"
 
 
 def test_flags_torch_xla_appends_after_launch_do_not_count(tmp_path):
@@ -83,13 +86,13 @@ def test_flags_torch_xla_appends_after_launch_do_not_count(tmp_path):
     environ = {**ENV, guard.LAUNCH_FLAGS_ENV: guard.launch_flags_record(ENV)}
     environ["XLA_FLAGS"] += " --xla_cpu_enable_fast_math=false"  # what `import torch_xla` does
     environ["LIBTPU_INIT_ARGS"] = "--xla_jf_conv_input_fusion=False"  # what TPUWorker.init_device does
-    assert guard.check_cache(str(tmp_path), vllm_config(entry), environ).status == "match"
+    assert guard.check_cache(str(tmp_path), vllm_config(entry), environ, **TWIN).status == "match"
 
 
 def test_unobservable_engine_args_come_from_the_manifest():
     entry = demo_entry()
     manifest = SimpleNamespace(entry=entry.name, inputs={"engine": {"block_size": 16, "kv_cache_dtype": "fp8"}})
-    running = guard.running_entry(vllm_config(entry), manifest, {})
+    running = guard.running_entry(vllm_config(entry), manifest, {}, **TWIN)
     # vLLM's TPU platform overwrote block_size (128 here); the running kv cache dtype is real
     assert running.engine == {"block_size": 16, "kv_cache_dtype": "auto"}
 
@@ -108,27 +111,30 @@ def test_import_and_register_are_free_when_unset():
     assert out.stdout.split() == ["[]", "False"]
 
 
-def test_register_patches_the_worker_module_when_it_is_imported(tmp_path):
+def test_steps_are_patched_once_when_the_worker_module_is_imported(tmp_path):
     package = tmp_path / "fakevllm"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "worker.py").write_text("class TPUWorker:\n" + "".join(
-        f"    def {m}(self, *a): return '{m}'\n"
-        for m in ("init_device", "compile_or_warm_up_model", "execute_model", "sample_tokens")))
-    code = ("import aotc.guard as g; g.when_imported('fakevllm.worker', g.patch_worker); "
-            "g.when_imported('fakevllm.worker', g.patch_worker); from fakevllm.worker import TPUWorker as W; "
+        f"    def {m}(self, *a): return '{m}'\n" for m in ("execute_model", "sample_tokens")))
+    code = ("import aotc.guard as g; seen = []\n"
+            "patch = lambda m: g.patch_steps(m.TPUWorker, lambda w, what, s: seen.append((what, s)))\n"
+            "g.when_imported('fakevllm.worker', patch); g.when_imported('fakevllm.worker', patch)\n"
+            "from fakevllm.worker import TPUWorker as W; w = W(); w.execute_model('sched'); w.sample_tokens(None)\n"
             "print(W._aotc_guarded, W.execute_model.__wrapped__.__name__, "
-            "hasattr(W.execute_model.__wrapped__, '__wrapped__'))")
+            "hasattr(W.execute_model.__wrapped__, '__wrapped__'), seen)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
-    assert out.stdout.split() == ["True", "execute_model", "False"]  # wrapped once, not twice
+    # wrapped once, not twice; sample_tokens finishes the step execute_model scheduled
+    assert out.stdout.split(" ", 3) == ["True", "execute_model", "False",
+                                        "[('execute_model', 'sched'), ('sample_tokens', 'sched')]\n"]
 
 
-# --- after warm-up --------------------------------------------------------------------------------
+# --- after ready: the vllm-tpu watcher and the session it reports to ------------------------------
 
 
 class FakeCounters:
     def __init__(self):
-        self.values = {"UncachedCompile": 10, "PersistentCacheMiss": 3, "DynamoGraphs": 5}
+        self.values = {"UncachedCompile": 10, "PersistentCacheMiss": 3, "PersistentCacheHit": 0, "DynamoGraphs": 5}
 
     def __call__(self):
         return dict(self.values)
@@ -142,9 +148,11 @@ GRAPHS = (GraphRecord("backbone", {"num_tokens": 32, "num_reqs": 8, "num_blocks"
 
 
 def test_uncovered_families_names_what_the_manifest_lacks():
-    assert guard.uncovered_families(GRAPHS, STEP) == ["select_hidden_states[num_tokens=32, num_reqs=16]",
-                                                      "sample_from_logits[num_reqs=16, all_greedy=False]"]
-    assert "gather_logprobs[num_reqs=16]" in guard.uncovered_families(GRAPHS, {**STEP, "logprobs": True})
+    assert guard.uncovered_families(GRAPHS, STEP, watcher.step_families(STEP)) == [
+        "select_hidden_states[num_tokens=32, num_reqs=16]", "sample_from_logits[num_reqs=16, all_greedy=False]"]
+    with_logprobs = {**STEP, "logprobs": True}
+    assert "gather_logprobs[num_reqs=16]" in guard.uncovered_families(GRAPHS, with_logprobs,
+                                                                      watcher.step_families(with_logprobs))
 
 
 def test_counter_delta_survives_dynamo_resets():
@@ -152,48 +160,104 @@ def test_counter_delta_survives_dynamo_resets():
 
 
 def test_cache_misses_survive_the_dynamo_bridge_clearing_counters(monkeypatch):
-    raw = {"UncachedCompile": 0, "PersistentCacheMiss": 0}
+    raw = {"UncachedCompile": 0, "PersistentCacheMiss": 0, "PersistentCacheHit": 0}
     met = SimpleNamespace(counter_value=raw.get, clear_counters=lambda: raw.update(PersistentCacheMiss=0))
-    monkeypatch.setattr(guard, "_banked", {})
-    guard.bank_across_clears(met)
-    guard.bank_across_clears(met)  # once per process, however often a worker starts
+    monkeypatch.setattr(watcher, "_banked", {})
+    watcher.bank_across_clears(met)
+    watcher.bank_across_clears(met)  # once per process, however often a worker starts
     raw.update(PersistentCacheMiss=1, UncachedCompile=1)
     met.clear_counters()
     met.clear_counters()
-    assert guard._banked == {"PersistentCacheMiss": 1}  # UncachedCompile: the bridge restores it itself
+    assert watcher._banked == {"PersistentCacheMiss": 1, "PersistentCacheHit": 0}  # UncachedCompile: restored
 
 
-def test_guard_counts_only_after_warm_up_and_logs_each_compile(caplog):
+def session_with_vllm_tpu_watcher(mode, monkeypatch, tmp_path):
+    """A real session and watcher; only torch_xla's counters and the step's shape are stand-ins."""
+    monkeypatch.setenv(guard_metrics.METRICS_DIR_ENV, str(tmp_path))
+    session = guard.GuardSession(mode, None)
     counters = FakeCounters()
-    g = guard.Guard(strict=False, rank=0, graphs=GRAPHS, counters=counters)
-    counters.values["UncachedCompile"] += 5  # warm-up compiles are expected
-    g.after_step("sample_tokens", lambda: STEP)
-    g.warmed_up()
-    g.after_step("execute_model", lambda: pytest.fail("a quiet step must not compute its shape"))
-    counters.values.update(UncachedCompile=16, PersistentCacheMiss=4)
+    session.watcher = watcher.Watcher(session, counters=counters)
+    session.check = guard.CacheCheck("match", "", graphs=GRAPHS)
+    monkeypatch.setattr(watcher, "step_shape", lambda runner, scheduled: STEP)
+    return session, counters
+
+
+def listen(caplog):
     # vLLM's logging config stops "vllm.*" records from reaching the root logger once vllm is
     # imported (as it is when other tests ran first), so listen on the guard's logger itself
     logger = logging.getLogger("vllm.aotc.guard")
     logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="vllm.aotc.guard")
+    return lambda: logger.removeHandler(caplog.handler)
+
+
+def test_watcher_counts_only_after_ready_and_logs_each_compile(caplog, monkeypatch, tmp_path):
+    session, counters = session_with_vllm_tpu_watcher("log", monkeypatch, tmp_path)
+    worker, scheduled = SimpleNamespace(model_runner=None), SimpleNamespace(num_scheduled_tokens={"r1": 3})
+    counters.values["UncachedCompile"] += 5  # warm-up compiles are expected
+    session.watcher.on_step(worker, "sample_tokens", scheduled)
+    session.mark_ready()
+    assert session.figures.compiles_at_startup == 15
+    session.watcher.on_step(worker, "execute_model", scheduled)  # a quiet step
+    counters.values.update(UncachedCompile=16, PersistentCacheMiss=4)
+    done = listen(caplog)
     try:
-        with caplog.at_level(logging.WARNING, logger="vllm.aotc.guard"):
-            g.after_step("sample_tokens", lambda: STEP)
+        session.watcher.on_step(worker, "sample_tokens", scheduled)
     finally:
-        logger.removeHandler(caplog.handler)
-    assert g.totals == {"UncachedCompile": 1, "PersistentCacheMiss": 1}
-    warnings = {r.getMessage(): r for r in caplog.records if r.name == "vllm.aotc.guard" and r.levelno >= logging.WARNING}
-    [record] = warnings.values()
-    assert "compiled after warm-up in sample_tokens (PersistentCacheMiss +1, UncachedCompile +1)" in record.message
-    assert "sample_from_logits[num_reqs=16, all_greedy=False]" in record.message
+        done()
+    assert session.figures.compiles_after_ready == {"select_hidden_states": 1}
+    [line] = {r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING}  # root may see it too
+    assert "compiled after ready in sample_tokens (PersistentCacheMiss +1, UncachedCompile +1)" in line
+    assert "sample_from_logits[num_reqs=16, all_greedy=False]" in line
+    assert session.take_failing() == set()  # log mode fails nothing
+    [snapshot] = guard_metrics.read_snapshots(str(tmp_path))
+    assert snapshot.compiles_after_ready == {"select_hidden_states": 1} and snapshot.ready
 
 
-def test_strict_raises_on_a_compile_after_warm_up():
-    counters = FakeCounters()
-    g = guard.Guard(strict=True, rank=0, counters=counters)
-    g.warmed_up()
+def test_strict_marks_the_steps_requests_to_fail(monkeypatch, tmp_path):
+    session, counters = session_with_vllm_tpu_watcher("strict", monkeypatch, tmp_path)
+    session.mark_ready()
     counters.values["DynamoGraphs"] += 1
-    with pytest.raises(guard.CompiledAfterWarmUp, match="DynamoGraphs \\+1"):
-        g.after_step("sample_tokens", lambda: STEP)
+    session.watcher.on_step(SimpleNamespace(model_runner=None), "sample_tokens",
+                            SimpleNamespace(num_scheduled_tokens={"r1": 1, "r2": 1}))
+    assert session.take_failing() == {"r1", "r2"}
+    assert session.take_failing() == set()
+
+
+def test_a_runner_without_a_watcher_says_so(caplog, monkeypatch, tmp_path):
+    monkeypatch.setenv(guard_metrics.METRICS_DIR_ENV, str(tmp_path))
+    spec = RunnerSpec(name="vllm-tpu", module="m", buckets="b", packages=())  # no watcher
+    session = guard.GuardSession("log", spec)
+    done = listen(caplog)
+    try:
+        session.start(vllm_config(demo_entry()), str(tmp_path / "cache"))
+    finally:
+        done()
+    assert any("runner vllm-tpu has no watcher" in r.getMessage() and "unwatched" in r.getMessage()
+               for r in caplog.records)
+    [snapshot] = guard_metrics.read_snapshots(str(tmp_path))
+    assert (snapshot.watched, snapshot.cache) == (False, "absent")
+
+
+def test_each_stack_finds_its_own_runner():
+    # the core's venv holds only the torch_xla stack; the JAX venv's interpreter would name tpu-inference
+    assert guard.running_runner().name == "vllm-tpu"
+
+
+def test_metrics_collector_renders_the_engines_figures(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    guard_metrics.publish(guard_metrics.Figures(runner="tpu-inference", watched=True, cache="match", entry="e",
+                                                ready=True, compiles_at_startup=3, cache_hits=40,
+                                                compiles_after_ready={"unplanned": 2}), str(tmp_path))
+    (tmp_path / "aotc-guard-999999999.json").write_text("{}")  # a dead process's snapshot is skipped
+    registry = CollectorRegistry()
+    registry.register(guard_metrics.GuardCollector(str(tmp_path)))
+    text = generate_latest(registry).decode()
+    for sample in ('aotc_compiles_after_ready_total{family="unplanned"} 2.0', "aotc_compiles_at_startup_total 3.0",
+                   "aotc_cache_match 1.0", "aotc_cache_hits_total 40.0", "aotc_ready 1.0",
+                   'aotc_guard_info{cache="match",entry="e",mode="log",runner="tpu-inference",watched="true"} 1.0'):
+        assert sample in text, text
 
 
 # --- end to end on the CPU twin -------------------------------------------------------------------
@@ -233,14 +297,16 @@ def test_guard_on_the_cpu_twin(tmp_path):
     other = start_twin(tmp_path, "other", replace(entry, max_num_seqs=16), "strict")
 
     outcome, lines = finish(*matching)
-    assert outcome["raised"] is None
+    assert outcome["raised"] is None and "error" not in outcome["finish_reasons"]
     assert any("matches this engine" in line for line in lines), lines
     # the cache holds only a manifest: the mixed greedy+random batch is a graph it does not cover
-    [compiled] = [line for line in lines if "compiled after warm-up" in line]
+    [compiled] = [line for line in lines if "compiled after ready" in line]
     assert "PersistentCacheMiss +1" in compiled and "sampling=greedy+random" in compiled
     assert "a variant capture_model does not trace" in compiled
 
     outcome, lines = finish(*other)
     assert any("built for another engine" in line and "max_num_seqs: here 8, published 16" in line
                for line in lines), lines
-    assert outcome["raised"] and "CompiledAfterWarmUp" in outcome["raised"]
+    # strict: the batch that compiled finishes with vLLM's per-request error; the engine does not die
+    assert outcome["raised"] is None and set(outcome["finish_reasons"]) == {"error"}, outcome
+    assert any("AOTC_GUARD=strict: failing request(s)" in line for line in lines), lines

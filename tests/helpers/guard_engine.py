@@ -2,7 +2,7 @@
 
 Starts vLLM on the CPU twin with VLLM_XLA_CACHE_PATH=CACHE_DIR (the way a pod would after
 ``aotc fetch``), then sends one batch mixing greedy and random sampling: capture_model never
-traces that sampler variant, so it compiles after warm-up. Prints one marked JSON line with the outcome;
+traces that sampler variant, so it compiles after ready. Prints one marked JSON line with the outcome;
 the guard's log lines go to stderr with vLLM's.
 """
 
@@ -27,10 +27,10 @@ def main() -> int:
     params = [SamplingParams(max_tokens=2, ignore_eos=True, detokenize=False,
                              temperature=0.0 if i % 2 == 0 else 0.8) for i in range(3)]
     try:
-        llm.generate(prompts, params, use_tqdm=False)
-        outcome = {"raised": None}
-    except Exception as exc:  # strict mode: the guard's error, possibly wrapped by the engine
-        outcome = {"raised": f"{type(exc).__name__}: {exc}"}
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outcome = {"raised": None, "finish_reasons": [o.outputs[0].finish_reason for o in outputs]}
+    except Exception as exc:  # the guard must never make the engine raise
+        outcome = {"raised": f"{type(exc).__name__}: {exc}", "finish_reasons": []}
     print(OUTCOME + json.dumps(outcome), flush=True)
     sys.stderr.flush()
     os._exit(0)  # vLLM's in-process engine can hang in interpreter teardown

@@ -9,6 +9,7 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 * twin, twin_attention -- the CPU twin's patches and its jittable ragged paged attention
 * engine        -- entry -> environment + vllm.LLM arguments (every graph persisted)
 * probe, instrument -- JAX cache evidence per precompile call and per runtime step
+* watcher       -- the serving guard's JAX compile counter (aotc/guard.py)
 * session, records, build, verify -- the two runner commands
 
 Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
@@ -26,4 +27,5 @@ SPEC = RunnerSpec(
     # tpu_inference/env_override.py adds these at import (a test pins this table to it)
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
+    watcher="aotc.runners.tpu_inference.watcher:Watcher",
 )

@@ -11,6 +11,7 @@ Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT
 * probe         -- cache-dir / counter / stderr evidence per call
 * worker        -- measuring TPUWorker and its PJRT-CPU twin
 * twin_platform, twin_attention -- the CPU twin's TpuPlatform and Pallas stand-in
+* watcher       -- the serving guard's torch_xla compile counter (aotc/guard.py)
 
 Importing this package must not import torch: vLLM loads `cpu_platform` in
 every process that resolves its platform.
@@ -24,4 +25,5 @@ SPEC = RunnerSpec(
     buckets="aotc.runners.vllm_tpu.buckets",
     packages=("torch", "torch_xla", "vllm", "libtpu"),
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
+    watcher="aotc.runners.vllm_tpu.watcher:Watcher",
 )

@@ -1,0 +1,70 @@
+"""The guard inside a stock `vllm serve` on tpu-inference (CPU twin): API server + engine-core process, real HTTP.
+
+Only the TPU is a stand-in (the twin). The cache dir holds the entry's manifest (its planned graphs) but no
+cache entries: every graph compiles at start-up, and the first request compiles graphs outside the plan.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aotc.fingerprint import fingerprint_entry
+from aotc.manifest import GraphRecord, Manifest
+from aotc.matrix import Entry
+from aotc.plan import plan_entry
+from tests.conftest import CONFIGS
+from tests.helpers import stock_server
+
+
+def write_manifest(cache, entry: Entry, environ) -> Manifest:
+    fp = fingerprint_entry(entry, environ)
+    manifest = Manifest(entry=entry.name, fingerprint=fp.digest, inputs=fp.inputs, created="2025-01-01T00:00:00+00:00",
+                        aotc_version="0.1.0", runner=entry.runner, device=entry.device,
+                        graphs=tuple(GraphRecord(g.family, g.shape_dict) for g in plan_entry(entry).graphs))
+    manifest.save(cache)
+    return manifest
+
+
+@pytest.mark.slow
+def test_strict_guard_fails_the_request_that_compiled_and_keeps_serving(tmp_path, jax_env):
+    entry = stock_server.entry_dict(CONFIGS / "demo-jax.yaml")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    extra = {**jax_env, "AOTC_GUARD": "strict"}
+    manifest = write_manifest(cache, Entry.from_dict(entry), stock_server.server_environ(entry, str(cache), extra))
+    server = stock_server.start(entry, str(cache), tmp_path / "server.log", extra)
+    try:
+        server.wait_ready()
+        lines = server.guard_lines()
+        assert any("matches this engine" in line and manifest.entry in line for line in lines), lines
+        ready = server.metrics()
+        assert stock_server.samples(ready, "aotc_cache_match") == {"": 1.0}
+        assert stock_server.samples(ready, "aotc_ready") == {"": 1.0}
+        assert stock_server.samples(ready, "aotc_compiles_at_startup_total")[""] > 0  # nothing cached
+        assert stock_server.samples(ready, "aotc_compiles_after_ready_total") == {}
+        info = stock_server.samples(ready, "aotc_guard_info")
+        assert list(info) == [f'cache="match",entry="{manifest.entry}",mode="strict",runner="tpu-inference",'
+                              'watched="true"']
+
+        status, body = server.complete([5, 6, 7], temperature=0.8, max_tokens=4)
+        assert status == 500, body  # vLLM's per-request error: FinishReason.ERROR
+        failing = [line for line in server.guard_lines() if "compiled after ready" in line]
+        assert failing and all("compiled jit(" in line for line in failing), failing
+        # every family the step runs is in the manifest (from the plan): the graphs lie outside it
+        assert all("a graph outside tpu-inference's capture_model" in line for line in failing), failing
+        assert any("AOTC_GUARD=strict: failing request(s)" in line for line in server.guard_lines())
+
+        # the server keeps serving: once the graphs exist in memory the same request succeeds
+        for _ in range(4):
+            status, body = server.complete([5, 6, 7], temperature=0.8, max_tokens=4)
+            if status == 200:
+                break
+        assert status == 200, body
+        assert body["usage"]["completion_tokens"] == 4
+        assert stock_server.get(server.url + "/health")[0] == 200
+
+        after = server.metrics()
+        assert stock_server.samples(after, "aotc_compiles_after_ready_total")['family="unplanned"'] >= len(failing)
+        assert stock_server.samples(after, "aotc_requests_failed_total")[""] >= 1
+    finally:
+        server.stop()
