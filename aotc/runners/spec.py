@@ -34,6 +34,12 @@ class RunnerSpec:
     devices: tuple[str, ...] = ("cpu", "tpu")
     watcher: str | None = None
     """``module:callable`` the guard installs in a serving process; None: the guard logs that it is unwatched."""
+    serve: str | None = None
+    """``module:callable(entry: dict, cache_dir) -> (engine_args, env)``: the stock ``vllm serve`` for an
+    entry (aotc/server.py turns it into a command line; env values None mean unset)."""
+    pins: Mapping[str, str] = field(default_factory=dict)
+    """The versions of ``packages`` this aotc supports (its lock file; a test keeps them equal): the
+    fingerprint's versions where the runner's interpreter is not installed, e.g. a fetch init container."""
     validate: str | None = None
     """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry (one line each)."""
 

@@ -75,6 +75,8 @@ def test_engine_args_pick_worker_per_device():
     args = engine.engine_args(demo_entry(), 3)
     assert args["worker_cls"] == "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
     assert args["load_format"] == "dummy" and args["seed"] == 3 and args["block_size"] == 16
+    # the KV page count is pinned for build, verify and pods alike: 8 seqs x 128/16 pages + the null block
+    assert args["num_gpu_blocks_override"] == engine.kv_blocks(demo_entry()) == 8 * 8 + 1
 
 
 def test_start_engine_mocked_tpu_starts_vllm_with_tpu_worker_and_cache(tmp_path, monkeypatch):

@@ -28,4 +28,7 @@ SPEC = RunnerSpec(
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
     watcher="aotc.runners.tpu_inference.watcher:Watcher",
+    serve="aotc.runners.tpu_inference.engine:serve_settings",
+    pins={"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48", "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0",
+          "torchax": "0.0.13"},  # requirements/jax.lock
 )

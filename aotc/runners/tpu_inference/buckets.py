@@ -14,6 +14,7 @@ from aotc.matrix import Entry
 from aotc.plan import GraphSpec
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, req_paddings, token_paddings
+from aotc.runners.paddings import kv_blocks as paddings_kv_blocks
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -42,6 +43,14 @@ def page_size_for(max_model_len: int) -> int:
     if max_model_len > 8192:
         return 16
     return min(max(next_power_of_2(max_model_len) // 16, 16), 256)
+
+
+def kv_blocks(entry: Entry | dict) -> int:
+    """The pinned KV page count (aotc/runners/paddings.py: kv_blocks) with this stack's page size."""
+    e = entry if isinstance(entry, dict) else entry.to_dict()
+    engine = e.get("engine") or {}
+    page = engine.get("block_size") or page_size_for(e["max_model_len"])
+    return paddings_kv_blocks(e["max_num_seqs"], e["max_model_len"], page, engine.get("num_gpu_blocks_override"))
 
 
 def kv_packing(entry: Entry) -> int:

@@ -22,18 +22,16 @@ PERSIST_EVERYTHING = {
 }
 
 
-def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
-    """Variables to set (None = unset) before vLLM is imported."""
+def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
+    """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset."""
     env: dict[str, str | None] = {
-        # In-process engine: one process to measure, and the runner's jits are reachable from here.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_XLA_CACHE_PATH": cache_dir,
+        # From process start, not only once tpu-inference's compilation manager starts: the first few
+        # graphs (jit(stage), _threefry_seed, ...) compile before it and would miss the cache.
         "JAX_COMPILATION_CACHE_DIR": cache_dir,
         "VLLM_DISABLE_COMPILE_CACHE": None,
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        # Sequential precompiles: each compile is tied to the call that asked for it.
-        "NUM_PRECOMPILE_WORKERS": "1",
         **PERSIST_EVERYTHING,
     }
     if entry.get("model_path"):
@@ -54,6 +52,33 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     else:
         raise ValueError(f"unknown device {entry['device']!r}")
     return env
+
+
+def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
+    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify.
+
+    The pod's settings plus what makes one process compute the keys a stock server's engine core does:
+    tpu_inference/env_override.py prepends its flags to XLA_FLAGS / LIBTPU_INIT_ARGS at import, once in
+    the API server and again in the engine core, which inherits that environment. JAX hashes every copy,
+    so this process starts with the API server's copy and adds the engine core's when it imports.
+    """
+    environ = os.environ if environ is None else environ
+    env = serving_env(entry, cache_dir)
+    env.update({
+        # In-process engine: one process to measure, and the runner's jits are reachable from here.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # Sequential precompiles: each compile is tied to the call that asked for it.
+        "NUM_PRECOMPILE_WORKERS": "1",
+    })
+    env.update(api_server_flags(environ))
+    return env
+
+
+def api_server_flags(environ) -> dict[str, str]:
+    """XLA_FLAGS / LIBTPU_INIT_ARGS as the API server leaves them for its engine core (env_override.py)."""
+    from . import SPEC
+
+    return {var: " ".join(flags) + " " + environ.get(var, "") for var, flags in SPEC.implied_flags.items()}
 
 
 def apply_env(env: dict[str, str | None]) -> None:
@@ -80,14 +105,10 @@ def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
         "dtype": entry["dtype"],
         # Graphs depend on shapes and dtypes, never on weight values.
         "load_format": "dummy",
-        "skip_tokenizer_init": True,
         "seed": ENGINE_SEED,
-        "disable_log_stats": True,
+        # The KV cache's page count is a shape in every backbone graph: pinned for build, verify and pods.
+        "num_gpu_blocks_override": kv_blocks(entry),
     }
-    if entry["device"] == "cpu":
-        # The KV cache's page count is a shape in every backbone graph: fix it, for build and verify
-        # alike, at what max_num_seqs full-length requests need (+1: vLLM's null block).
-        args["num_gpu_blocks_override"] = kv_blocks(entry)
     if not entry.get("model_path") and entry.get("revision"):
         args["revision"] = entry["revision"]
     args.update(entry.get("engine") or {})
@@ -95,10 +116,14 @@ def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def kv_blocks(entry: dict[str, Any]) -> int:
-    from .buckets import page_size_for
+    from .buckets import kv_blocks as entry_kv_blocks
 
-    block = (entry.get("engine") or {}).get("block_size") or page_size_for(entry["max_model_len"])
-    return entry["max_num_seqs"] * -(-entry["max_model_len"] // block) + 1
+    return entry_kv_blocks(entry)
+
+
+def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """RunnerSpec.serve: the stock `vllm serve`'s engine arguments and environment for this entry."""
+    return engine_args(entry), serving_env(entry, cache_dir)
 
 
 def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
@@ -109,7 +134,8 @@ def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
     started = time.perf_counter()
     from vllm import LLM
 
-    llm = LLM(**engine_args(entry))
+    # Prompts are token ids here; the tokenizer changes no graph.
+    llm = LLM(**engine_args(entry), skip_tokenizer_init=True, disable_log_stats=True)
     return llm, time.perf_counter() - started
 
 

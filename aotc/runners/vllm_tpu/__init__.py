@@ -26,4 +26,6 @@ SPEC = RunnerSpec(
     packages=("torch", "torch_xla", "vllm", "libtpu"),
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
     watcher="aotc.runners.vllm_tpu.watcher:Watcher",
+    serve="aotc.runners.vllm_tpu.engine:serve_settings",
+    pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21"},  # requirements/full.lock
 )

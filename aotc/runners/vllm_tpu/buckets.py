@@ -12,6 +12,7 @@ from aotc.plan import GraphSpec
 # MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
 from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
                                    req_paddings, token_paddings)
+from aotc.runners.paddings import kv_blocks as paddings_kv_blocks
 
 
 def page_size(max_model_len: int) -> int:
@@ -20,6 +21,13 @@ def page_size(max_model_len: int) -> int:
         return 16
     size = next_power_of_2(max_model_len) // 16
     return min(max(size, 16), 256)
+
+
+def kv_blocks(entry: Entry | dict) -> int:
+    """The pinned KV page count (aotc/runners/paddings.py: kv_blocks); TpuPlatform's page size always."""
+    e = entry if isinstance(entry, dict) else entry.to_dict()
+    return paddings_kv_blocks(e["max_num_seqs"], e["max_model_len"], page_size(e["max_model_len"]),
+                              (e.get("engine") or {}).get("num_gpu_blocks_override"))
 
 
 def max_num_seqs_for_len(model_len: int, block_size: int) -> int:

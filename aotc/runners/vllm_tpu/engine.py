@@ -16,6 +16,8 @@ from .cpu_platform import ENV_FLAG as TWIN_FLAG
 
 TPU_WORKER = "aotc.runners.vllm_tpu.worker.AotcTPUWorker"
 CPU_WORKER = "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
+CPU_SERVING_WORKER = "aotc.runners.vllm_tpu.worker.CpuTwinServingWorker"
+SERVE_SEED = 0  # vLLM's default; torch_xla's graphs do not depend on it (verify runs seed 1)
 DEVICE_NAME_ENV = "AOTC_TWIN_DEVICE_NAME"  # read by twin_platform
 
 
@@ -41,13 +43,10 @@ def local_model(entry: dict[str, Any]) -> str | None:
     return entry["model"] if os.path.isdir(entry["model"]) else None
 
 
-def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
-    """Variables to set (None = unset) before vLLM is imported."""
+def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
+    """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset."""
     check_entry(entry)
     env: dict[str, str | None] = {
-        # In-process engine: the driver reads the worker through collective_rpc
-        # and the whole start-up is one process to measure.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_XLA_CACHE_PATH": cache_dir,
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
@@ -70,6 +69,15 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     return env
 
 
+def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
+    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify."""
+    env = serving_env(entry, cache_dir)
+    # In-process engine: the driver reads the worker through collective_rpc and the whole start-up is
+    # one process to measure.
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
+
+
 def apply_env(env: dict[str, str | None]) -> None:
     for key, value in env.items():
         if value is None:
@@ -88,16 +96,33 @@ def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
         "dtype": entry["dtype"],
         # Graphs depend on shapes and dtypes, never on weight values.
         "load_format": "dummy",
-        # Prompts are token ids; the tokenizer changes no graph.
-        "skip_tokenizer_init": True,
         "seed": seed,
         "worker_cls": CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER,
-        "disable_log_stats": True,
+        # The KV cache's page count is a shape in every backbone graph: pinned for build, verify and pods.
+        "num_gpu_blocks_override": kv_blocks(entry),
     }
     if not local_model(entry) and entry.get("revision"):
         args["revision"] = entry["revision"]
     args.update(entry.get("engine") or {})
     return args
+
+
+def kv_blocks(entry: dict[str, Any]) -> int:
+    from .buckets import kv_blocks as entry_kv_blocks
+
+    return entry_kv_blocks(entry)
+
+
+def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """RunnerSpec.serve: the stock `vllm serve`'s engine arguments and environment for this entry.
+
+    vLLM's own TPUWorker; on the CPU twin its PJRT-CPU subclass without aotc's build-time measuring."""
+    args = engine_args(entry, SERVE_SEED)
+    if entry["device"] == "cpu":
+        args["worker_cls"] = CPU_SERVING_WORKER
+    else:
+        del args["worker_cls"]
+    return args, serving_env(entry, cache_dir)
 
 
 def start_engine(entry: dict[str, Any], cache_dir: str, seed: int):
@@ -106,7 +131,8 @@ def start_engine(entry: dict[str, Any], cache_dir: str, seed: int):
     started = time.perf_counter()
     from vllm import LLM
 
-    llm = LLM(**engine_args(entry, seed))
+    # Prompts are token ids here; the tokenizer changes no graph.
+    llm = LLM(**engine_args(entry, seed), skip_tokenizer_init=True, disable_log_stats=True)
     return llm, time.perf_counter() - started
 
 

@@ -192,8 +192,8 @@ def _step_shape(runner, what: str, num_reqs: int, num_tokens: int) -> dict[str, 
     }
 
 
-class CpuTwinWorker(AotcTPUWorker):
-    """The TPU worker on PJRT CPU: same runner, same graphs, no TPU."""
+class CpuTwin:
+    """The TPU worker on PJRT CPU: same runner, same graphs, no TPU (a mixin before a TPUWorker)."""
 
     # Blocks per request slot beyond the full-length need; keeps the budget
     # deterministic so build and verify see the same KV-cache shape.
@@ -227,3 +227,11 @@ class CpuTwinWorker(AotcTPUWorker):
 
     def _bytes_per_block(self) -> int:
         return sum(spec.page_size_bytes for spec in self.model_runner.get_kv_cache_spec().values())
+
+
+class CpuTwinWorker(CpuTwin, AotcTPUWorker):
+    """The CPU twin with aotc's build-time measuring (build and verify)."""
+
+
+class CpuTwinServingWorker(CpuTwin, TPUWorker):
+    """The CPU twin as a pod runs it under the stock `vllm serve`: vLLM's worker, nothing measured."""

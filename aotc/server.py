@@ -1,0 +1,198 @@
+"""The stock server of a matrix entry: what a pod runs, as a command line, an environment and a process.
+
+``serve_command`` turns an entry into the stock ``vllm serve`` (API server + engine core, vLLM's default
+multiprocessing) of the runner's own interpreter, with the entry's engine flags and env. The runner
+supplies its part through ``RunnerSpec.serve`` (engine arguments and environment; on ``device: cpu`` its
+CPU twin), so this module names no runner. The canary, the tests and the serving manifests all derive
+from it: one list of flags and variables, never copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aotc.matrix import Entry
+from aotc.runners.spec import load_runner
+
+# The positional model argument; everything else becomes --flag value.
+MODEL_ARG = "model"
+# Settings a pod may choose freely: they change no graph and no cache key.
+POD_ONLY_ENV = ("AOTC_GUARD",)
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    argv: list[str]
+    """``[<runner venv>/bin/vllm, "serve", MODEL, --flag, value, ...]``."""
+    env: dict[str, str | None]
+    """The variables the entry needs on top of the pod's environment (None: unset)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def model(self) -> str:
+        return self.argv[2]
+
+    def process_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        merged = dict(os.environ if base is None else base)
+        for key, value in self.env.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        return merged
+
+
+def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """The runner's engine arguments and env for the stock server, with the matrix's env on top."""
+    spec = load_runner(entry.runner)
+    if spec.serve is None:
+        raise ValueError(f"runner {entry.runner} cannot describe its stock server (RunnerSpec.serve)")
+    args, env = spec.load("serve")(entry.to_dict(), str(cache_dir))
+    env = {**env, **{k: str(v) for k, v in entry.env.items()}}
+    return dict(args), env
+
+
+def cli_flags(args: Mapping[str, Any]) -> list[str]:
+    """vLLM's argparse spelling: ``max_model_len=128`` -> ``--max-model-len 128``; booleans as
+    ``--x`` / ``--no-x``; dicts and lists as JSON."""
+    flags: list[str] = []
+    for key, value in args.items():
+        if value is None or key == MODEL_ARG:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def vllm_executable(runner: str, environ: Mapping[str, str] | None = None) -> str:
+    """The ``vllm`` console script beside the runner's interpreter (its own venv, or this one)."""
+    from aotc.fingerprint import runner_python
+
+    return str(Path(runner_python(runner, dict(os.environ if environ is None else environ))).parent / "vllm")
+
+
+def serve_command(entry: Entry, cache_dir: str | Path, port: int, *, host: str = "127.0.0.1",
+                  guard: str | None = "strict", environ: Mapping[str, str] | None = None) -> ServerCommand:
+    """The stock ``vllm serve`` for ``entry`` reading its cache from ``cache_dir``."""
+    args, env = serve_settings(entry, str(cache_dir))
+    if guard is not None:
+        env["AOTC_GUARD"] = guard
+    argv = [vllm_executable(entry.runner, environ), "serve", str(args[MODEL_ARG]), *cli_flags(args),
+            "--host", host, "--port", str(port)]
+    return ServerCommand(argv=argv, env=env, host=host, port=port)
+
+
+# --- a running server ------------------------------------------------------------------------------
+
+
+class ServerFailed(RuntimeError):
+    """The server exited or never answered /health; the message ends with its log's tail."""
+
+
+@dataclass
+class Server:
+    command: ServerCommand
+    log_path: Path
+    process: subprocess.Popen | None = None
+    ready_seconds: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    def start(self, base_env: Mapping[str, str] | None = None) -> Server:
+        log = open(self.log_path, "ab")
+        self.started_at = time.monotonic()
+        # Its own session: a clean stop can signal the API server and the engine core it started.
+        self.process = subprocess.Popen(self.command.argv, env=self.command.process_env(base_env),
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 900.0, poll: float = 0.5) -> float:
+        """Seconds from start until ``/health`` answered 200."""
+        deadline = self.started_at + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerFailed(f"vllm serve exited with {self.process.returncode} before ready\n{self.tail()}")
+            if health(self.command.url):
+                self.ready_seconds = time.monotonic() - self.started_at
+                return self.ready_seconds
+            time.sleep(poll)
+        raise ServerFailed(f"vllm serve not ready after {timeout:.0f} s\n{self.tail()}")
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGINT (vLLM's clean shutdown of API server and engine core), then SIGKILL to the group."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        pgid = self.process.pid  # its own session: the group id is its pid
+        os.killpg(pgid, signal.SIGINT)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            return self.process.wait(10)
+        finally:
+            _reap_group(pgid)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _reap_group(pgid: int) -> None:
+    """The engine core may outlive its API server by a moment; never leave it running."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def health(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def free_port() -> int:
+    """A port the kernel picks at random (for tests and the canary; pods use their own)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
