@@ -11,7 +11,6 @@ import hashlib
 import json
 import functools
 import os
-import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,7 +20,9 @@ from typing import Any
 
 from aotc.matrix import Entry
 
-FINGERPRINT_VERSION = 1
+# 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
+#    process of a stock server); the pinned KV block count; versions from the runner's pins without its venv.
+FINGERPRINT_VERSION = 2
 RUNNER_PACKAGES = {"vllm-tpu": ("torch", "torch_xla", "vllm", "libtpu"),
                    "tpu-inference": ("jax", "jaxlib", "libtpu", "tpu-inference", "vllm-tpu", "torchax")}
 RUNNER_ENV_VARS = {"vllm-tpu": ("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD",
@@ -30,10 +31,6 @@ RUNNER_ENV_VARS = {"vllm-tpu": ("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MO
                                      "ATTN_BUCKETIZED_NUM_REQS", "ATTN_CUSTOM_NUM_REQS_BUCKETS", "MODEL_IMPL_TYPE",
                                      "NEW_MODEL_DESIGN", "USE_BATCHED_RPA_KERNEL")}
 FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
-# Flags a runner's stack adds to the launch flags on import, before anything compiles: they are in the
-# compiler's cache key like the pod's own (tpu_inference/env_override.py; a test pins this table to it).
-RUNNER_IMPLIED_FLAGS = {"tpu-inference": {"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
-                                          "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)}}
 # A runner whose stack cannot share the core's venv names its interpreter here, e.g. AOTC_PYTHON_TPU_INFERENCE.
 RUNNER_PYTHON_ENV = "AOTC_PYTHON_{}"
 
@@ -70,12 +67,22 @@ def runner_python(runner: str, environ: dict[str, str] | None = None) -> str:
 
 
 def runner_versions(runner: str, environ: dict[str, str] | None = None) -> dict[str, str | None]:
-    """The runner's package versions, from the metadata of the interpreter that will run it."""
-    packages = RUNNER_PACKAGES[runner]
+    """The runner's package versions, from the metadata of the interpreter that will run it.
+
+    Where that stack is not installed at all (this interpreter lacks its packages and no
+    AOTC_PYTHON_<RUNNER> names another, e.g. a fetch init container), the versions this aotc pins for the
+    runner stand in: the stack a pod may serve with is the pinned one, and the guard in the running engine
+    compares the real versions with the manifest's."""
+    from aotc.runners.spec import load_runner
+
+    spec = load_runner(runner)
     python = runner_python(runner, environ)
-    if _same_interpreter(python):
-        return {pkg: package_version(pkg) for pkg in packages}
-    return dict(_foreign_versions(python, packages))
+    if not _same_interpreter(python):
+        return dict(_foreign_versions(python, spec.packages))
+    found = {pkg: package_version(pkg) for pkg in spec.packages}
+    if spec.pins and None in found.values():
+        return {pkg: spec.pins.get(pkg) for pkg in spec.packages}
+    return found
 
 
 def _same_interpreter(python: str) -> bool:
@@ -109,18 +116,27 @@ def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str
     return tuple(json.loads(out).items())
 
 
-def xla_flags(environ: dict[str, str], runner: str | None = None) -> list[str]:
-    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS, with those the runner's stack adds:
-    they are part of XLA's cache key."""
+def server_imports(environ: dict[str, str]) -> int:
+    """How often a stock ``vllm serve`` imports the runner's stack before its engine compiles: in the API
+    server and again in the engine-core process, which inherits the first one's environment (one process
+    when multiprocessing is off, as in aotc's own build)."""
+    return 1 if environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else 2
+
+
+def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int | None = None) -> list[str]:
+    """The words of XLA_FLAGS and LIBTPU_INIT_ARGS as JAX's cache key hashes them (jax/_src/cache_key.py,
+    ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept. ``environ`` is the launch
+    environment; the flags the runner's stack prepends at import are added once per import (``imports``,
+    default: a stock server's, ``server_imports``); pass ``imports=0`` for the live environment of a
+    process that already imported it. Stricter than JAX in one way: its dump-only flags count here too."""
+    from aotc.runners.spec import load_runner
+
+    implied = load_runner(runner).implied_flags if runner else {}
+    imports = server_imports(environ) if imports is None else imports
     flags: list[str] = []
-    implied = RUNNER_IMPLIED_FLAGS.get(runner or "", {})
     for var in FLAG_ENV_VARS:
-        try:
-            words = shlex.split(environ.get(var, ""))
-        except ValueError:
-            words = environ.get(var, "").split()
-        words += [w for w in implied.get(var, ()) if w not in words]
-        flags += [f"{var}:{w}" for w in words if w.startswith("--xla")]
+        words = list(implied.get(var, ())) * imports + environ.get(var, "").split()
+        flags += [f"{var}:{w}" for w in words]
     return sorted(flags)
 
 
@@ -133,6 +149,12 @@ def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
         elif var in environ:
             env[var] = environ[var]
     return env
+
+
+def kv_blocks(entry: Entry) -> int:
+    from aotc.runners.spec import load_runner
+
+    return load_runner(entry.runner).load("buckets").kv_blocks(entry)
 
 
 def model_config_digest(entry: Entry) -> str | None:
@@ -158,6 +180,8 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "max_num_batched_tokens": entry.max_num_batched_tokens,
         "tensor_parallel_size": entry.tensor_parallel_size,
         "engine": dict(sorted(entry.engine.items())),
+        # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
+        "kv_blocks": kv_blocks(entry),
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
         "xla_flags": xla_flags(environ, entry.runner),

@@ -125,3 +125,17 @@ def test_cli_json_shows_inputs(capsys):
     assert doc["inputs"]["versions"]["vllm"] == "0.13.0"
     assert {"model", "revision", "engine", "env", "xla_flags", "tensor_parallel_size", "accelerator"} <= set(
         doc["inputs"])
+
+
+def test_flags_are_hashed_as_jax_hashes_them_duplicates_included():
+    # JAX's cache key hashes every word of XLA_FLAGS / LIBTPU_INIT_ARGS, a repeated flag twice; a pod whose
+    # engine core sees a flag twice computes other keys than a build that saw it once (issue 14).
+    once = {**ENV, "XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    twice = {**ENV, "XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_cpu_enable_fast_math=false"}
+    assert digest(environ=once) != digest(environ=twice)
+
+
+def test_kv_block_count_is_an_input():
+    assert fingerprint_entry(BASE, ENV).inputs["kv_blocks"] == 128 * 2048 // 128 + 1  # TPU page size 128
+    pinned = dataclasses.replace(BASE, engine={**BASE.engine, "num_gpu_blocks_override": 4000})
+    assert fingerprint_entry(pinned, ENV).inputs["kv_blocks"] == 4000

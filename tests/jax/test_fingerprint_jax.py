@@ -31,3 +31,18 @@ def test_runner_python_defaults_to_this_interpreter(jax_env):
     assert runner_python("tpu-inference", {}) == sys.executable
     assert runner_python("tpu-inference", jax_env) == jax_env[PYTHON_ENV]
     assert runner_python("vllm-tpu", jax_env) == sys.executable
+
+
+def test_stock_server_flags_count_each_import(jax_env):
+    # tpu-inference's env_override prepends its flags in the API server and again in the engine core
+    served = fingerprint_entry(entry(), jax_env).inputs["xla_flags"]
+    assert served.count("XLA_FLAGS:--xla_cpu_max_isa=AVX2") == 2
+    in_process = fingerprint_entry(entry(), {**jax_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert in_process.inputs["xla_flags"].count("XLA_FLAGS:--xla_cpu_max_isa=AVX2") == 1
+    assert in_process.digest != fingerprint_entry(entry(), jax_env).digest
+
+
+def test_versions_without_the_runner_venv_are_the_pinned_ones(jax_env):
+    # an init container with only the core's venv: the pins, not "None" (which matched nothing: exit 3)
+    here = {k: v for k, v in jax_env.items() if k != PYTHON_ENV}
+    assert fingerprint_entry(entry(), here).inputs["versions"] == fingerprint_entry(entry(), jax_env).inputs["versions"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aotc.fingerprint import RUNNER_IMPLIED_FLAGS
+from aotc.runners.spec import load_runner
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.tpu_inference import buckets
@@ -49,7 +49,7 @@ def test_paddings_equal_tpu_inference_helpers(facts):
 
 
 def test_fingerprint_flags_are_what_tpu_inference_adds(facts):
-    for var, added in RUNNER_IMPLIED_FLAGS["tpu-inference"].items():
+    for var, added in load_runner("tpu-inference").implied_flags.items():
         assert facts["flags"][var] == list(added), var
 
 

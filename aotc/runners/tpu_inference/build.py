@@ -36,11 +36,12 @@ def match_plan(plan: list[dict], recs: list[Record]) -> tuple[list[dict], list[d
 
 
 def flag_error(launch_env: dict[str, str]) -> str | None:
-    """The fingerprint predicts the flags tpu-inference adds (RUNNER_IMPLIED_FLAGS); check it did."""
+    """The fingerprint predicts the flags a stock server's engine core hashes (implied_flags once per
+    import, aotc.fingerprint.xla_flags); this process started as that engine core does: check it did."""
     expected, actual = xla_flags(launch_env, RUNNER), effective_flags()
     if expected != actual:
         return (f"effective XLA flags {actual} differ from the fingerprint's {expected}: "
-                "update aotc.fingerprint.RUNNER_IMPLIED_FLAGS for this tpu-inference")
+                "update the tpu-inference RunnerSpec's implied_flags for this tpu-inference")
     return None
 
 

@@ -47,5 +47,5 @@ class Session:
 
 
 def effective_flags() -> list[str]:
-    """The --xla flags this process compiled with (after tpu-inference prepended its own)."""
-    return xla_flags(dict(os.environ))
+    """The flags this process compiles with, as JAX hashes them (tpu-inference's additions included)."""
+    return xla_flags(dict(os.environ), imports=0)
