@@ -191,6 +191,8 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
         return CacheCheck("unreadable", f"cannot read {path}: {exc}; treating the cache as unknown")
     environ = launch_environ(os.environ if environ is None else environ)
     ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ)
+    if "kv_blocks" in ours:  # what this engine was told, not what its entry implies: a pod may differ
+        ours["kv_blocks"] = vllm_config.cache_config.num_gpu_blocks_override
     digest = digest_of(ours)
     where = f"cache {cache_dir} (entry {manifest.entry}, fingerprint {manifest.fingerprint[:16]})"
     if digest == manifest.fingerprint:

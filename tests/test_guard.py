@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from aotc import guard, guard_metrics
-from aotc.fingerprint import fingerprint_entry
+from aotc.fingerprint import fingerprint_entry, kv_blocks
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
@@ -41,7 +41,8 @@ def vllm_config(entry, **overrides):
         scheduler_config=SimpleNamespace(max_num_seqs=values["max_num_seqs"], disable_chunked_mm_input=False,
                                          max_num_batched_tokens=entry.max_num_batched_tokens),
         parallel_config=SimpleNamespace(tensor_parallel_size=entry.tensor_parallel_size),
-        cache_config=SimpleNamespace(cache_dtype="auto", enable_prefix_caching=True, block_size=128),
+        cache_config=SimpleNamespace(cache_dtype="auto", enable_prefix_caching=True, block_size=128,
+                                     num_gpu_blocks_override=values.get("kv_blocks", kv_blocks(entry))),
         lora_config=None,
     )
 
@@ -69,8 +70,19 @@ def test_mismatch_names_the_differing_inputs(tmp_path):
     write_manifest(tmp_path, replace(entry, max_num_seqs=16, engine={"block_size": 16}), ENV)
     check = guard.check_cache(str(tmp_path), vllm_config(entry), {**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"}, **TWIN)
     assert check.status == "mismatch"
-    assert [d.split(":")[0] for d in check.differences] == ["env.VLLM_TPU_BUCKET_PADDING_GAP", "max_num_seqs"]
+    # the pod pinned the KV size of its own entry, so it differs from the published one too
+    assert [d.split(":")[0] for d in check.differences] == ["env.VLLM_TPU_BUCKET_PADDING_GAP", "kv_blocks",
+                                                            "max_num_seqs"]
     assert "max_num_seqs: here 8, published 16" in check.line
+
+
+def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
+    entry = demo_entry()
+    write_manifest(tmp_path, entry, ENV)
+    for pod_kv in (kv_blocks(entry) * 2, None):  # another pinned size, or vLLM sizing it from memory
+        check = guard.check_cache(str(tmp_path), vllm_config(entry, kv_blocks=pod_kv), ENV, **TWIN)
+        assert check.status == "mismatch" and check.differences == (
+            f"kv_blocks: here {pod_kv!r}, published {kv_blocks(entry)!r}",), check.line
 
 
 def test_absent_and_unreadable_manifests(tmp_path):

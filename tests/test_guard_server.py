@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from aotc.matrix import Entry
+from aotc.matrix import load_matrix
 
 from .conftest import CONFIGS
 from .helpers import stock_server
@@ -21,22 +21,20 @@ from .test_guard import DEMO_ENTRY, write_manifest
 @pytest.mark.slow
 @pytest.mark.full
 def test_guard_start_up_line_and_metrics_on_a_stock_vllm_tpu_server(tmp_path):
-    entry = stock_server.entry_dict(CONFIGS / "demo.yaml", DEMO_ENTRY)
+    entry = load_matrix(CONFIGS / "demo.yaml").entry(DEMO_ENTRY)
     cache = tmp_path / "cache"
     cache.mkdir()
-    extra = {"AOTC_GUARD": "1"}
-    published = replace(Entry.from_dict(entry), max_num_seqs=16)
-    write_manifest(cache, published, stock_server.server_environ(entry, str(cache), extra))
-    server = stock_server.start(entry, str(cache), tmp_path / "server.log", extra)
+    write_manifest(cache, replace(entry, max_num_seqs=16), stock_server.server_environ(entry, cache, "1"))
+    server = stock_server.start(entry, cache, tmp_path / "server.log", "1")
     try:
         server.wait_ready()
-        lines = server.guard_lines()
+        lines = stock_server.guard_lines(server)
         assert any("built for another engine" in line and "max_num_seqs: here 8, published 16" in line
                    for line in lines), lines
         assert any("ready after" in line for line in lines), lines
-        status, body = server.complete([5, 6, 7], temperature=0.0, max_tokens=2)
+        status, body = stock_server.complete(server, [5, 6, 7], temperature=0.0, max_tokens=2)
         assert status == 200, body
-        text = server.metrics()
+        text = stock_server.metrics(server)
         assert stock_server.samples(text, "aotc_cache_match") == {"": 0.0}
         assert stock_server.samples(text, "aotc_compiles_at_startup_total")[""] > 0
         [info] = stock_server.samples(text, "aotc_guard_info")

@@ -10,7 +10,7 @@ import pytest
 
 from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import GraphRecord, Manifest
-from aotc.matrix import Entry
+from aotc.matrix import Entry, load_matrix
 from aotc.plan import plan_entry
 from tests.conftest import CONFIGS
 from tests.helpers import stock_server
@@ -27,17 +27,16 @@ def write_manifest(cache, entry: Entry, environ) -> Manifest:
 
 @pytest.mark.slow
 def test_strict_guard_fails_the_request_that_compiled_and_keeps_serving(tmp_path, jax_env):
-    entry = stock_server.entry_dict(CONFIGS / "demo-jax.yaml")
+    entry = load_matrix(CONFIGS / "demo-jax.yaml").entries[0]
     cache = tmp_path / "cache"
     cache.mkdir()
-    extra = {**jax_env, "AOTC_GUARD": "strict"}
-    manifest = write_manifest(cache, Entry.from_dict(entry), stock_server.server_environ(entry, str(cache), extra))
-    server = stock_server.start(entry, str(cache), tmp_path / "server.log", extra)
+    manifest = write_manifest(cache, entry, stock_server.server_environ(entry, cache, "strict", jax_env))
+    server = stock_server.start(entry, cache, tmp_path / "server.log", "strict", jax_env)
     try:
         server.wait_ready()
-        lines = server.guard_lines()
+        lines = stock_server.guard_lines(server)
         assert any("matches this engine" in line and manifest.entry in line for line in lines), lines
-        ready = server.metrics()
+        ready = stock_server.metrics(server)
         assert stock_server.samples(ready, "aotc_cache_match") == {"": 1.0}
         assert stock_server.samples(ready, "aotc_ready") == {"": 1.0}
         assert stock_server.samples(ready, "aotc_compiles_at_startup_total")[""] > 0  # nothing cached
@@ -46,24 +45,24 @@ def test_strict_guard_fails_the_request_that_compiled_and_keeps_serving(tmp_path
         assert list(info) == [f'cache="match",entry="{manifest.entry}",mode="strict",runner="tpu-inference",'
                               'watched="true"']
 
-        status, body = server.complete([5, 6, 7], temperature=0.8, max_tokens=4)
+        status, body = stock_server.complete(server, [5, 6, 7], temperature=0.8, max_tokens=4)
         assert status == 500, body  # vLLM's per-request error: FinishReason.ERROR
-        failing = [line for line in server.guard_lines() if "compiled after ready" in line]
+        failing = [line for line in stock_server.guard_lines(server) if "compiled after ready" in line]
         assert failing and all("compiled jit(" in line for line in failing), failing
         # every family the step runs is in the manifest (from the plan): the graphs lie outside it
         assert all("a graph outside tpu-inference's capture_model" in line for line in failing), failing
-        assert any("AOTC_GUARD=strict: failing request(s)" in line for line in server.guard_lines())
+        assert any("AOTC_GUARD=strict: failing request(s)" in line for line in stock_server.guard_lines(server))
 
         # the server keeps serving: once the graphs exist in memory the same request succeeds
         for _ in range(4):
-            status, body = server.complete([5, 6, 7], temperature=0.8, max_tokens=4)
+            status, body = stock_server.complete(server, [5, 6, 7], temperature=0.8, max_tokens=4)
             if status == 200:
                 break
         assert status == 200, body
         assert body["usage"]["completion_tokens"] == 4
-        assert stock_server.get(server.url + "/health")[0] == 200
+        assert stock_server.get(server.command.url + "/health")[0] == 200
 
-        after = server.metrics()
+        after = stock_server.metrics(server)
         assert stock_server.samples(after, "aotc_compiles_after_ready_total")['family="unplanned"'] >= len(failing)
         assert stock_server.samples(after, "aotc_requests_failed_total")[""] >= 1
     finally:
