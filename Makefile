@@ -27,7 +27,7 @@ help:
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
 	@echo "make test-fast     the suite without the slow end-to-end tests"
-	@echo "make bench         benchmarks (store fetch, build overhead and --jobs scaling)"
+	@echo "make bench         benchmarks (store fetch, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
 
 # The stack is ~10 GB: install it once per lock into $(VENV); later runs only re-link aotc itself.
@@ -71,7 +71,7 @@ test-fast: env
 bench: env env-jax
 	$(BIN)/python bench/bench_fetch.py
 	$(BIN)/python bench/bench_build.py
-	$(BIN)/python bench/bench_jax_startup.py
+	$(BIN)/python bench/bench_startup.py
 
 lock:
 	$(UV) pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_31 --generate-hashes -q -o requirements/core.lock
