@@ -175,9 +175,11 @@ def _engine_args(vllm_config: Any, published: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | None = None, *,
-                runner: str, device: str) -> CacheCheck:
+                runner: str, device: str, live_flags: bool = False) -> CacheCheck:
+    """``live_flags``: the runner's compiler hashes this process's XLA_FLAGS / LIBTPU_INIT_ARGS as they are
+    now, its stack's own additions included (JAX); otherwise the flags as the pod launched it count."""
     from aotc.errors import IntegrityError
-    from aotc.fingerprint import describe_diff, digest_of, fingerprint_inputs
+    from aotc.fingerprint import describe_diff, digest_of, fingerprint_inputs, xla_flags
     from aotc.manifest import MANIFEST_NAME, Manifest
 
     path = os.path.join(cache_dir, MANIFEST_NAME)
@@ -189,8 +191,11 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
             manifest = Manifest.from_json(f.read())
     except (OSError, IntegrityError) as exc:
         return CacheCheck("unreadable", f"cannot read {path}: {exc}; treating the cache as unknown")
-    environ = launch_environ(os.environ if environ is None else environ)
+    live = dict(os.environ if environ is None else environ)
+    environ = launch_environ(live)
     ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ)
+    if live_flags:  # what the compiler hashes here: every copy the API server and this process prepended
+        ours["xla_flags"] = xla_flags(live, runner, imports=0)
     if "kv_blocks" in ours:  # what this engine was told, not what its entry implies: a pod may differ
         ours["kv_blocks"] = vllm_config.cache_config.num_gpu_blocks_override
     digest = digest_of(ours)
@@ -294,7 +299,8 @@ class GuardSession:
         if self.runner is not None:
             try:
                 check = check_cache(cache_dir or "", vllm_config, runner=self.runner.name,
-                                    device=self.watcher.device if self.watcher else "tpu")
+                                    device=self.watcher.device if self.watcher else "tpu",
+                                    live_flags=bool(self.watcher and self.watcher.live_flags))
             except Exception as exc:  # the guard reports; it never stops a server from starting
                 check = CacheCheck("unreadable", f"could not check the cache: {type(exc).__name__}: {exc}")
             log_cache_check(check)

@@ -17,7 +17,7 @@ from aotc.fingerprint import fingerprint_entry, kv_blocks
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.spec import RunnerSpec
+from aotc.runners.spec import RunnerSpec, load_runner
 from aotc.runners.vllm_tpu import watcher
 
 from .conftest import CONFIGS, REPO
@@ -83,6 +83,23 @@ def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
         check = guard.check_cache(str(tmp_path), vllm_config(entry, kv_blocks=pod_kv), ENV, **TWIN)
         assert check.status == "mismatch" and check.differences == (
             f"kv_blocks: here {pod_kv!r}, published {kv_blocks(entry)!r}",), check.line
+
+
+def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
+    entry = load_matrix(CONFIGS / "demo-jax.yaml").entries[0]
+    launch = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    write_manifest(tmp_path, entry, launch)
+    implied = load_runner("tpu-inference").implied_flags
+
+    def engine_core(imports):  # tpu_inference/env_override.py prepends its flags at each import
+        return {var: " ".join([*implied.get(var, ())] * imports + launch.get(var, "").split()).strip()
+                for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+
+    jax_twin = {"runner": "tpu-inference", "device": "cpu", "live_flags": True}
+    # a stock server: the API server's import and the engine core's, as the build fingerprinted
+    assert guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(2), **jax_twin).status == "match"
+    check = guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(3), **jax_twin)
+    assert check.status == "mismatch" and [d.split(":")[0] for d in check.differences] == ["xla_flags"]
 
 
 def test_absent_and_unreadable_manifests(tmp_path):

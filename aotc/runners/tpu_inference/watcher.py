@@ -132,6 +132,10 @@ def explain(graphs: tuple | None, step: dict[str, Any]) -> tuple[str, str]:
 class Watcher:
     """Built by the guard with the process's session; hooks JAX and tpu-inference's worker on its import."""
 
+    # JAX's cache key hashes the engine core's XLA_FLAGS / LIBTPU_INIT_ARGS as they are when it compiles:
+    # tpu-inference's env_override.py prepended its flags in the API server and again here.
+    live_flags = True
+
     def __init__(self, session: Any):
         self.session = session
         self.jax = JaxCompiles()

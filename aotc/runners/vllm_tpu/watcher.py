@@ -102,6 +102,9 @@ def step_shape(runner: Any, scheduled: Any) -> dict[str, Any]:
 class Watcher:
     """Built by the guard with the process's session; hooks TPUWorker when vLLM imports it."""
 
+    # The fingerprint has the pod's launch flags: torch_xla and TPUWorker append theirs later, as in a build.
+    live_flags = False
+
     def __init__(self, session: Any, counters=read_counters):
         self.session = session
         self.steps = StepWatch(counters)
