@@ -266,6 +266,41 @@ class StepWatch:
         return new
 
 
+class StepWatcher:
+    """Base of the runners' watchers: the stack's cumulative counters, read when warm-up ends and after each
+    step. A subclass names its counters and explains a step that compiled; ``live_flags``: see check_cache."""
+
+    live_flags = False
+    hits_counter = "hits"
+    misses_counter = "misses"
+
+    def __init__(self, session: GuardSession, counters: Callable[[], dict[str, int]]):
+        self.session = session
+        self.steps = StepWatch(counters)
+
+    def compiles_in(self, counts: dict[str, int]) -> int:
+        raise NotImplementedError
+
+    def describe(self, worker: Any, what: str, scheduled: Any, new: dict[str, int], compiles: int) -> StepCompiles:
+        raise NotImplementedError
+
+    def ready(self) -> None:
+        at_ready = self.steps.start()
+        self.session.count(compiles=self.compiles_in(at_ready), hits=at_ready.get(self.hits_counter, 0),
+                           misses=at_ready.get(self.misses_counter, 0))
+
+    def on_step(self, worker: Any, what: str, scheduled: Any) -> None:
+        if not self.session.ready:
+            return
+        new = self.steps.delta()
+        if not new:
+            return
+        self.session.count(hits=new.get(self.hits_counter, 0), misses=new.get(self.misses_counter, 0))
+        compiles = self.compiles_in(new)
+        if compiles:
+            self.session.compiled(self.describe(worker, what, scheduled, new, compiles))
+
+
 class GuardSession:
     """One per process: the runner, its watcher, the cache check, the ready mark and the figures."""
 
@@ -374,9 +409,8 @@ def patch_engine_core(session: GuardSession, module: Any) -> None:
     of the KV-cache-shaped graphs, in vllm 0.13 and vllm-tpu 0.32 alike.
     """
     core = module.EngineCore
-    if core.__dict__.get("_aotc_guarded"):
+    if not first_patch(core):
         return
-    core._aotc_guarded = True
     initialize = core._initialize_kv_caches
 
     @functools.wraps(initialize)
@@ -394,9 +428,8 @@ def patch_engine_core(session: GuardSession, module: Any) -> None:
 def patch_scheduler(session: GuardSession, module: Any) -> None:
     """Fail what strict marked through vLLM's own per-request error path; the engine keeps serving."""
     scheduler = module.Scheduler
-    if scheduler.__dict__.get("_aotc_guarded"):
+    if not first_patch(scheduler):
         return
-    scheduler._aotc_guarded = True
     update = scheduler.update_from_output
 
     @functools.wraps(update)
@@ -428,11 +461,18 @@ def fail_requests(scheduler: Any, outputs: dict, request_ids: set[str], session:
     session.publish()
 
 
+def first_patch(cls: Any) -> bool:
+    """True the first time for ``cls``: general plugins load more than once per process."""
+    if cls.__dict__.get("_aotc_guarded"):
+        return False
+    cls._aotc_guarded = True
+    return True
+
+
 def patch_steps(worker_cls: Any, on_step: Callable[[Any, str, Any], None]) -> None:
     """Call ``on_step(worker, what, scheduler_output)`` after each ``execute_model`` / ``sample_tokens``."""
-    if worker_cls.__dict__.get("_aotc_guarded"):  # general plugins load more than once per process
+    if not first_patch(worker_cls):
         return
-    worker_cls._aotc_guarded = True
     for what in ("execute_model", "sample_tokens"):
         setattr(worker_cls, what, _at_step_boundary(getattr(worker_cls, what), what, on_step))
 

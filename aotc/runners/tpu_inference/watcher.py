@@ -19,7 +19,8 @@ import os
 import threading
 from typing import Any
 
-from aotc.guard import StepCompiles, StepWatch, patch_steps, scheduled_request_ids, uncovered_families, when_imported
+from aotc.guard import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
+                        when_imported)
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
 
@@ -129,7 +130,7 @@ def explain(graphs: tuple | None, step: dict[str, Any]) -> tuple[str, str]:
                          "capture_model, or a cache entry the fetched artifact lacks")
 
 
-class Watcher:
+class Watcher(StepWatcher):
     """Built by the guard with the process's session; hooks JAX and tpu-inference's worker on its import."""
 
     # JAX's cache key hashes the engine core's XLA_FLAGS / LIBTPU_INIT_ARGS as they are when it compiles:
@@ -137,9 +138,8 @@ class Watcher:
     live_flags = True
 
     def __init__(self, session: Any):
-        self.session = session
         self.jax = JaxCompiles()
-        self.steps = StepWatch(self.jax.counters)
+        super().__init__(session, self.jax.counters)
         self.device = "cpu" if os.environ.get(TWIN_FLAG) == "1" else "tpu"
         when_imported(WORKER_MODULE, self.patch)
 
@@ -148,21 +148,14 @@ class Watcher:
         patch_steps(module.TPUWorker, self.on_step)
 
     def ready(self) -> None:
-        at_ready = self.steps.start()
-        self.session.count(compiles=at_ready["compiles"], hits=at_ready["hits"], misses=at_ready["misses"])
+        super().ready()
         self.jax.keep_names = True
 
-    def on_step(self, worker: Any, what: str, scheduled: Any) -> None:
-        if not self.session.ready:
-            return
-        new = self.steps.delta()
-        if not new:
-            return
-        self.session.count(hits=new.get("hits", 0), misses=new.get("misses", 0))
-        if not new.get("compiles"):
-            return
+    def compiles_in(self, counts: dict[str, int]) -> int:
+        return counts.get("compiles", 0)
+
+    def describe(self, worker: Any, what: str, scheduled: Any, new: dict[str, int], compiles: int) -> StepCompiles:
         step = step_shape(worker.model_runner, scheduled)
         family, why = explain(self.session.graphs, step)
-        self.session.compiled(StepCompiles(what, new["compiles"], new, step, family, why,
-                                           functions=self.jax.take_names(),
-                                           request_ids=scheduled_request_ids(scheduled)))
+        return StepCompiles(what, compiles, new, step, family, why, functions=self.jax.take_names(),
+                            request_ids=scheduled_request_ids(scheduled))

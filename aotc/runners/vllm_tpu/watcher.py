@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from aotc.guard import StepCompiles, StepWatch, patch_steps, scheduled_request_ids, uncovered_families, when_imported
+from aotc.guard import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
+                        when_imported)
 
 from .cpu_platform import ENV_FLAG as TWIN_FLAG
 
@@ -99,15 +100,16 @@ def step_shape(runner: Any, scheduled: Any) -> dict[str, Any]:
     }
 
 
-class Watcher:
+class Watcher(StepWatcher):
     """Built by the guard with the process's session; hooks TPUWorker when vLLM imports it."""
 
     # The fingerprint has the pod's launch flags: torch_xla and TPUWorker append theirs later, as in a build.
     live_flags = False
+    hits_counter = "PersistentCacheHit"
+    misses_counter = "PersistentCacheMiss"
 
     def __init__(self, session: Any, counters=read_counters):
-        self.session = session
-        self.steps = StepWatch(counters)
+        super().__init__(session, counters)
         self.device = "cpu" if os.environ.get(TWIN_FLAG) == "1" else "tpu"
         when_imported(TPU_WORKER_MODULE, self.patch)
 
@@ -117,23 +119,11 @@ class Watcher:
         bank_across_clears(met)
         patch_steps(module.TPUWorker, self.on_step)
 
-    def ready(self) -> None:
-        at_ready = self.steps.start()
-        self.session.count(compiles=at_ready.get(COMPILE_COUNTER, 0), hits=at_ready.get("PersistentCacheHit", 0),
-                           misses=at_ready.get("PersistentCacheMiss", 0))
+    def compiles_in(self, counts: dict[str, int]) -> int:
+        return max(counts.get(k, 0) for k in (COMPILE_COUNTER, "PersistentCacheMiss", DYNAMO_GRAPHS))
 
-    def on_step(self, worker: Any, what: str, scheduled: Any) -> None:
-        if not self.session.ready:
-            return
-        new = self.steps.delta()
-        if not new:
-            return
-        compiles = max(new.get(k, 0) for k in (COMPILE_COUNTER, "PersistentCacheMiss", DYNAMO_GRAPHS))
-        self.session.count(hits=new.get("PersistentCacheHit", 0), misses=new.get("PersistentCacheMiss", 0))
-        if not compiles:
-            return
+    def describe(self, worker: Any, what: str, scheduled: Any, new: dict[str, int], compiles: int) -> StepCompiles:
         step = step_shape(worker.model_runner, scheduled)
         family, why = explain(self.session.graphs, what, new, step)
-        evidence = {k: v for k, v in new.items() if k != "PersistentCacheHit"}
-        self.session.compiled(StepCompiles(what, compiles, evidence, step, family, why,
-                                           request_ids=scheduled_request_ids(scheduled)))
+        evidence = {k: v for k, v in new.items() if k != self.hits_counter}
+        return StepCompiles(what, compiles, evidence, step, family, why, request_ids=scheduled_request_ids(scheduled))
