@@ -4,7 +4,8 @@ For each backend's demo entry (configs/demo.yaml: vllm-tpu, configs/demo-jax.yam
 twin): `aotc build` and `aotc publish` into a temporary store, `aotc fetch` the way a pod's init container
 does, then start the same stock `vllm serve` (API server + engine-core process, identical flags and env)
 twice per round, each on a private copy: an empty cache dir (cold) and the fetched one. Measured from the
-launch: seconds to `/health` 200 and to the first token of one completion; graphs compiled at start-up and
+launch: seconds to `/health` 200 and to the first token of one completion, and the warm-up alone (the
+guard's start-up check to its ready line: KV cache and graphs compiled or loaded); graphs compiled at start-up and
 by that first request, and persistent-cache hits (the aotc guard's counters on /metrics, AOTC_GUARD=1 on
 both sides). Then vLLM's own `vllm bench startup` on the same engine arguments: its cold run starts on an
 empty VLLM_XLA_CACHE_PATH, its warm runs on what the cold run wrote (in-process engine, its own design).
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,10 +73,22 @@ def one_start(entry: Entry, cache: Path, log: Path) -> dict:
         return int(sum(stock_server.samples(text, name).values()))
 
     return {"ready_s": round(ready, 2), "first_token_s": round(first_token, 2),
+            "warm_up_s": warm_up_seconds(log),
             "compiled_at_startup": value(at_ready, "aotc_compiles_at_startup_total"),
             "cache_hits_at_startup": value(at_ready, "aotc_cache_hits_total"),
             "compiled_by_first_request": value(after, "aotc_compiles_after_ready_total"),
             "cache_match": value(at_ready, "aotc_cache_match")}
+
+
+STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def warm_up_seconds(log: Path) -> int | None:
+    """From the guard's start-up check (model loaded, before the KV cache) to its ready line: the part of
+    start-up that compiles or loads graphs (vLLM's log stamps, whole seconds)."""
+    stamps = [STAMP.search(line) for line in log.read_text(errors="replace").splitlines() if "aotc guard:" in line]
+    stamps = [datetime.strptime(m.group(1), "%m-%d %H:%M:%S") for m in stamps if m]
+    return int((stamps[1] - stamps[0]).total_seconds()) if len(stamps) >= 2 else None
 
 
 def vllm_bench_startup(entry: Entry, work: Path) -> dict:
@@ -126,7 +141,8 @@ def render(result: dict) -> str:
     for kind, runs in result["runs"].items():
         r = runs[-1]
         lines.append(f"  {kind:7}: /health {statistics.median(x['ready_s'] for x in runs):6.1f}s, first token "
-                     f"{statistics.median(x['first_token_s'] for x in runs):6.1f}s; compiled {r['compiled_at_startup']} "
+                     f"{statistics.median(x['first_token_s'] for x in runs):6.1f}s (warm-up {r['warm_up_s']}s); "
+                     f"compiled {r['compiled_at_startup']} "
                      f"at start-up ({r['cache_hits_at_startup']} cache hits, manifest match {r['cache_match']}), "
                      f"{r['compiled_by_first_request']} by the first request")
     lines.append(f"  fetched / cold: ready {result['ready_s_ratio']:.2f}x, first token {result['first_token_s_ratio']:.2f}x")
