@@ -339,3 +339,18 @@ def test_guard_on_the_cpu_twin(tmp_path):
     # strict: the batch that compiled finishes with vLLM's per-request error; the engine does not die
     assert outcome["raised"] is None and set(outcome["finish_reasons"]) == {"error"}, outcome
     assert any("AOTC_GUARD=strict: failing request(s)" in line for line in lines), lines
+
+
+def test_metrics_join_whichever_registry_vllms_route_builds(tmp_path, monkeypatch):
+    """vLLM's /metrics asks get_prometheus_registry(): the default registry, or with --api-server-count > 1
+    a new multiprocess one; the guard's collector joins each registry once."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    monkeypatch.setenv(guard_metrics.METRICS_DIR_ENV, str(tmp_path))
+    guard_metrics.publish(guard_metrics.Figures(runner="vllm-tpu", compiles_at_startup=7), str(tmp_path))
+    shared = CollectorRegistry()
+    route = SimpleNamespace(get_prometheus_registry=lambda: shared)
+    guard_metrics.serve_on_vllm_metrics(route)
+    guard_metrics.serve_on_vllm_metrics(route)  # plugins load more than once
+    assert route.get_prometheus_registry() is route.get_prometheus_registry() is shared
+    assert "aotc_compiles_at_startup_total 7.0" in generate_latest(shared).decode()
