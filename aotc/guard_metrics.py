@@ -31,6 +31,7 @@ import tempfile
 from typing import Any
 
 METRICS_DIR_ENV = "AOTC_GUARD_METRICS_DIR"
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SNAPSHOT_PREFIX = "aotc-guard-"
 # vLLM's /metrics route module (0.13 and 0.32): it asks this module-level name for its registry.
 VLLM_METRICS_ROUTE = "vllm.entrypoints.serve.instrumentator.metrics"
@@ -43,6 +44,18 @@ REQUESTS_FAILED = "aotc_requests_failed"
 CACHE_MATCH = "aotc_cache_match"
 READY = "aotc_ready"
 INFO = "aotc_guard_info"
+
+
+HELP = {
+    INFO: "aotc guard: the runner, whether it is watched, the mode and the cache check",
+    CACHE_MATCH: "1 if the fetched cache's manifest matches this engine, else 0",
+    READY: "1 once the engine finished warm-up",
+    COMPILES_AT_STARTUP: "graphs compiled before ready (cache hits excluded)",
+    COMPILES_AFTER_READY: "graphs compiled after ready, by the family the cache lacks",
+    CACHE_HITS: "persistent compilation cache hits",
+    CACHE_MISSES: "persistent compilation cache misses",
+    REQUESTS_FAILED: "requests failed by AOTC_GUARD=strict",
+}
 
 
 @dataclasses.dataclass
@@ -75,13 +88,42 @@ def metrics_dir(environ: Any = None) -> str:
 
 
 def publish(figures: Figures, directory: str | None = None) -> None:
-    """Write this process's snapshot atomically (rename), so a scrape never reads half a file."""
+    """Write this process's snapshot atomically (rename), so a scrape never reads half a file.
+
+    In vLLM's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set before the engine core starts) the API-server
+    processes vLLM starts load no plugins, so the figures go where vLLM's own MultiProcessCollector reads.
+    """
+    if os.environ.get(MULTIPROC_DIR_ENV) and directory is None:
+        return publish_multiprocess(figures, os.environ[MULTIPROC_DIR_ENV])
     directory = directory or metrics_dir()
     path = os.path.join(directory, f"{SNAPSHOT_PREFIX}{os.getpid()}.json")
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump(dataclasses.asdict(figures), f)
     os.replace(tmp, path)
+
+
+def publish_multiprocess(figures: Figures, directory: str) -> None:
+    """prometheus_client's own per-process files, named apart from the ones its library writes for this pid."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    pid, f = os.getpid(), figures
+    counters = [(COMPILES_AT_STARTUP, {}, f.compiles_at_startup), (CACHE_HITS, {}, f.cache_hits),
+                (CACHE_MISSES, {}, f.cache_misses), (REQUESTS_FAILED, {}, f.requests_failed),
+                *((COMPILES_AFTER_READY, {"family": fam}, n) for fam, n in f.compiles_after_ready.items())]
+    files = {f"counter_aotcguard{pid}.db": [(name, f"{name}_total", labels, value) for name, labels, value in counters],
+             f"gauge_min_aotcguard{pid}.db": [(CACHE_MATCH, CACHE_MATCH, {}, int(f.cache == "match")),
+                                               (READY, READY, {}, int(f.ready))],
+             f"gauge_max_aotcguard{pid}.db": [(INFO, INFO, {"runner": f.runner, "watched": str(f.watched).lower(),
+                                                              "mode": f.mode, "cache": f.cache, "entry": f.entry}, 1)]}
+    for filename, rows in files.items():
+        mmap = MmapedDict(os.path.join(directory, filename))
+        try:
+            for metric, sample, labels, value in rows:
+                mmap.write_value(mmap_key(metric, sample, list(labels), list(labels.values()), HELP[metric]),
+                                 float(value), 0.0)
+        finally:
+            mmap.close()
 
 
 def read_snapshots(directory: str) -> list[Figures]:
@@ -128,16 +170,12 @@ class GuardCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         engines = read_snapshots(self.directory)
-        info = GaugeMetricFamily(INFO, "aotc guard: the runner, whether it is watched, the mode and the cache check",
-                                 labels=["runner", "watched", "mode", "cache", "entry"])
-        match = GaugeMetricFamily(CACHE_MATCH, "1 if the fetched cache's manifest matches this engine, else 0")
-        ready = GaugeMetricFamily(READY, "1 once the engine finished warm-up")
-        startup = CounterMetricFamily(COMPILES_AT_STARTUP, "graphs compiled before ready (cache hits excluded)")
-        after = CounterMetricFamily(COMPILES_AFTER_READY, "graphs compiled after ready, by the family the cache lacks",
-                                    labels=["family"])
-        hits = CounterMetricFamily(CACHE_HITS, "persistent compilation cache hits")
-        misses = CounterMetricFamily(CACHE_MISSES, "persistent compilation cache misses")
-        failed = CounterMetricFamily(REQUESTS_FAILED, "requests failed by AOTC_GUARD=strict")
+        info = GaugeMetricFamily(INFO, HELP[INFO], labels=["runner", "watched", "mode", "cache", "entry"])
+        match, ready = GaugeMetricFamily(CACHE_MATCH, HELP[CACHE_MATCH]), GaugeMetricFamily(READY, HELP[READY])
+        startup = CounterMetricFamily(COMPILES_AT_STARTUP, HELP[COMPILES_AT_STARTUP])
+        after = CounterMetricFamily(COMPILES_AFTER_READY, HELP[COMPILES_AFTER_READY], labels=["family"])
+        hits, misses = CounterMetricFamily(CACHE_HITS, HELP[CACHE_HITS]), CounterMetricFamily(CACHE_MISSES, HELP[CACHE_MISSES])
+        failed = CounterMetricFamily(REQUESTS_FAILED, HELP[REQUESTS_FAILED])
         families: dict[str, int] = {}
         for e in engines:
             info.add_metric([e.runner, str(e.watched).lower(), e.mode, e.cache, e.entry], 1)
@@ -161,8 +199,8 @@ _served: set[int] = set()
 def serve_on_vllm_metrics(module: Any) -> None:
     """Make vLLM's /metrics route include the guard's collector, whichever registry it picks."""
     original = module.get_prometheus_registry
-    if getattr(original, "_aotc_guard", False):
-        return
+    if getattr(original, "_aotc_guard", False) or os.environ.get(MULTIPROC_DIR_ENV):
+        return  # multiprocess mode: vLLM's MultiProcessCollector reads what publish_multiprocess wrote
     collector = GuardCollector(metrics_dir())
 
     def get_prometheus_registry():

@@ -12,6 +12,7 @@ from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import Entry, load_matrix
 from aotc.plan import plan_entry
+from aotc.server import Server, free_port, serve_command
 from tests.conftest import CONFIGS
 from tests.helpers import stock_server
 
@@ -67,3 +68,23 @@ def test_strict_guard_fails_the_request_that_compiled_and_keeps_serving(tmp_path
         assert stock_server.samples(after, "aotc_requests_failed_total")[""] >= 1
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_metrics_in_vllms_multiprocess_mode(tmp_path, jax_env):
+    """`--api-server-count 2`: vLLM's API-server processes load no plugins and read PROMETHEUS_MULTIPROC_DIR;
+    the guard's figures reach /metrics through vLLM's own MultiProcessCollector."""
+    entry = load_matrix(CONFIGS / "demo-jax.yaml").entries[0]
+    command = serve_command(entry, tmp_path / "cache", free_port(), guard="1")
+    command.env.update(jax_env)
+    command.argv.extend(["--api-server-count", "2"])
+    with Server(command, tmp_path / "server.log").start() as server:
+        server.wait_ready()
+        assert stock_server.complete(server, [5, 6, 7], max_tokens=2)[0] == 200
+        text = stock_server.metrics(server)
+        assert stock_server.samples(text, "aotc_ready") == {"": 1.0}
+        assert stock_server.samples(text, "aotc_cache_match") == {"": 0.0}  # nothing fetched
+        assert stock_server.samples(text, "aotc_compiles_at_startup_total")[""] > 0
+        [info] = stock_server.samples(text, "aotc_guard_info")
+        assert 'cache="absent"' in info and 'runner="tpu-inference"' in info and 'watched="true"' in info
+        assert "vllm:" in text  # vLLM's own metrics are still there
