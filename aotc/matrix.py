@@ -18,10 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
 from aotc.errors import BadInput, MatrixError
+from aotc.runners.spec import load_runner
 
 RUNNERS = ("vllm-tpu", "tpu-inference")  # tpu-inference: vLLM-TPU 0.32 on JAX (its own venv)
 DEVICES = ("tpu", "cpu")
-MIN_TOKEN_PADDING = 16  # vLLM 0.13 TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
 
@@ -44,13 +44,6 @@ class EngineArgs(_Strict):
     max_loras: PositiveInt | None = None
     max_lora_rank: PositiveInt | None = None
     disable_chunked_mm_input: StrictBool | None = None
-
-    @field_validator("block_size")
-    @classmethod
-    def _power_of_two(cls, v: int | None) -> int | None:
-        if v is not None and v & (v - 1):
-            raise ValueError(f"must be a power of two, got {v}")
-        return v
 
 
 class RunnerEnv(_Strict):
@@ -83,28 +76,12 @@ def _axis(minimum: int):
 
 
 class Axes(_Strict):
-    max_model_len: _axis(MIN_TOKEN_PADDING)
+    # The minimums are vLLM's own (SchedulerConfig, ParallelConfig: ge=1); aotc needs an explicit length,
+    # so max_model_len has no "auto". Every other rule is the runner's (RunnerSpec.validate).
+    max_model_len: _axis(1)
     max_num_seqs: _axis(1)
-    max_num_batched_tokens: _axis(MIN_TOKEN_PADDING)
+    max_num_batched_tokens: _axis(1)
     tensor_parallel_size: _axis(1) = [1]
-
-    @field_validator("max_num_batched_tokens")
-    @classmethod
-    def _tokens_power_of_two(cls, values: list[int]) -> list[int]:
-        # vLLM pads to the next power of two anyway; a budget between two buckets compiles a
-        # bucket no request can fill, so say it instead of building it.
-        for v in values:
-            if v & (v - 1):
-                raise ValueError(f"must be a power of two (vLLM pads token buckets by doubling), got {v}")
-        return values
-
-    @field_validator("tensor_parallel_size")
-    @classmethod
-    def _tp_power_of_two(cls, values: list[int]) -> list[int]:
-        for v in values:
-            if v & (v - 1):
-                raise ValueError(f"must be a power of two (TPU slices), got {v}")
-        return values
 
     @field_validator("*")
     @classmethod
@@ -323,28 +300,25 @@ def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]
 
 
 def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) -> None:
-    """Rules that span several keys, each an impossibility vLLM would only report at start-up."""
-    axes = where + ".matrix"
-    if entry.max_num_batched_tokens < entry.max_num_seqs:
-        raise MatrixError(file, axes + ".max_num_batched_tokens",
-                          f"{entry.max_num_batched_tokens} is below max_num_seqs {entry.max_num_seqs} "
-                          "(vLLM requires max_num_batched_tokens >= max_num_seqs)")
-    most = entry.env.get("VLLM_TPU_MOST_MODEL_LEN")
-    if most is not None and most >= entry.max_model_len:
-        raise MatrixError(file, where + ".env.VLLM_TPU_MOST_MODEL_LEN",
-                          f"{most} must be below max_model_len {entry.max_model_len}")
-    if entry.device == "tpu":
-        chips = int(ACCELERATOR_RE.match(entry.accelerator).group(2))
-        if entry.tensor_parallel_size > chips:
-            raise MatrixError(file, axes + ".tensor_parallel_size",
-                              f"{entry.tensor_parallel_size} exceeds the {chips} chips of {entry.accelerator}")
-    if hf_config is None:
-        return
-    heads = hf_config.get("num_attention_heads")
-    if isinstance(heads, int) and heads % entry.tensor_parallel_size:
-        raise MatrixError(file, axes + ".tensor_parallel_size",
-                          f"{entry.tensor_parallel_size} does not divide the model's {heads} attention heads")
-    limit = hf_config.get("max_position_embeddings")
-    if isinstance(limit, int) and entry.max_model_len > limit:
-        raise MatrixError(file, axes + ".max_model_len",
-                          f"{entry.max_model_len} exceeds the model's max_position_embeddings {limit}")
+    """What vLLM itself rejects at start-up (the runner's rules) and what cannot run on the named TPU."""
+    problems = _tpu_problems(entry)
+    runner = load_runner(entry.runner)
+    if runner.validate:
+        problems += runner.load("validate")(entry, hf_config)
+    if problems:
+        key, _, reason = problems[0].partition(": ")
+        raise MatrixError(file, f"{where}.{key}", reason)
+
+
+def _tpu_problems(entry: Entry) -> list[str]:
+    """A tensor-parallel group is a set of chips of one host with a valid chip topology (libtpu's
+    TPU_CHIPS_PER_PROCESS_BOUNDS: 1, 2, 4 or 8 chips); the CPU twin has no such limit."""
+    if entry.device != "tpu":
+        return []
+    tp, chips = entry.tensor_parallel_size, int(ACCELERATOR_RE.match(entry.accelerator).group(2))
+    if tp > chips:
+        return [f"matrix.tensor_parallel_size: {tp} exceeds the {chips} chips of {entry.accelerator}"]
+    if tp & (tp - 1):
+        return [f"matrix.tensor_parallel_size: {tp} chips is not a TPU chip topology on {entry.accelerator} "
+                "(libtpu process bounds take 1, 2, 4 or 8 chips)"]
+    return []

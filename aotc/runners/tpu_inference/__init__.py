@@ -26,4 +26,5 @@ SPEC = RunnerSpec(
     # tpu_inference/env_override.py adds these at import (a test pins this table to it)
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
+    validate="aotc.runners.tpu_inference.rules:validate",
 )

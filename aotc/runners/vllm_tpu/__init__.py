@@ -24,4 +24,5 @@ SPEC = RunnerSpec(
     buckets="aotc.runners.vllm_tpu.buckets",
     packages=("torch", "torch_xla", "vllm", "libtpu"),
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
+    validate="aotc.runners.vllm_tpu.rules:validate",
 )
