@@ -109,9 +109,10 @@ def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str
     return tuple(json.loads(out).items())
 
 
-def xla_flags(environ: dict[str, str], runner: str | None = None) -> list[str]:
-    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS, with those the runner's stack adds:
-    they are part of XLA's cache key."""
+def xla_flags(environ: dict[str, str], runner: str | None = None,
+              entry_flags: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The sorted ``--xla*`` flags of XLA_FLAGS and LIBTPU_INIT_ARGS, with those the runner's stack adds and
+    those the runner adds for the entry (``entry_implied_flags``): they are part of XLA's cache key."""
     flags: list[str] = []
     implied = RUNNER_IMPLIED_FLAGS.get(runner or "", {})
     for var in FLAG_ENV_VARS:
@@ -119,7 +120,7 @@ def xla_flags(environ: dict[str, str], runner: str | None = None) -> list[str]:
             words = shlex.split(environ.get(var, ""))
         except ValueError:
             words = environ.get(var, "").split()
-        words += [w for w in implied.get(var, ()) if w not in words]
+        words += [w for w in (*(entry_flags or {}).get(var, ()), *implied.get(var, ())) if w not in words]
         flags += [f"{var}:{w}" for w in words if w.startswith("--xla")]
     return sorted(flags)
 
@@ -135,6 +136,24 @@ def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _runner_buckets(entry: Entry):
+    from aotc.runners.spec import load_runner
+
+    return load_runner(entry.runner).load("buckets")
+
+
+def entry_implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
+    """Flags the runner adds for this entry (the twin's virtual device count), from its buckets module."""
+    implied = getattr(_runner_buckets(entry), "implied_flags", None)
+    return implied(entry) if implied else {}
+
+
+def entry_mesh(entry: Entry) -> dict[str, Any] | None:
+    """The device mesh the runner shards the entry's graphs over, when the runner declares one."""
+    mesh = getattr(_runner_buckets(entry), "mesh", None)
+    return mesh(entry) if mesh else None
+
+
 def model_config_digest(entry: Entry) -> str | None:
     path = entry.model_config_path
     return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
@@ -143,7 +162,7 @@ def model_config_digest(entry: Entry) -> str | None:
 def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> dict[str, Any]:
     environ = dict(os.environ if environ is None else environ)
     model_digest = model_config_digest(entry)
-    return {
+    inputs = {
         "fingerprint_version": FINGERPRINT_VERSION,
         # a local model is identified by its config, not by where it happens to lie on disk
         "model": os.path.basename(entry.model.rstrip("/")) if model_digest else entry.model,
@@ -160,8 +179,11 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "engine": dict(sorted(entry.engine.items())),
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
-        "xla_flags": xla_flags(environ, entry.runner),
+        "xla_flags": xla_flags(environ, entry.runner, entry_implied_flags(entry)),
     }
+    if (mesh := entry_mesh(entry)) is not None:
+        inputs["mesh"] = mesh
+    return inputs
 
 
 def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None) -> Fingerprint:

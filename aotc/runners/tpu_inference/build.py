@@ -8,7 +8,10 @@ from typing import Any
 
 from aotc.fingerprint import xla_flags
 
+from aotc.matrix import Entry
+
 from . import records
+from .buckets import implied_flags
 from .records import Record, shape_key, touched
 from .session import RUNNER, Session, effective_flags
 
@@ -35,9 +38,11 @@ def match_plan(plan: list[dict], recs: list[Record]) -> tuple[list[dict], list[d
     return graphs, unplanned, errors
 
 
-def flag_error(launch_env: dict[str, str]) -> str | None:
-    """The fingerprint predicts the flags tpu-inference adds (RUNNER_IMPLIED_FLAGS); check it did."""
-    expected, actual = xla_flags(launch_env, RUNNER), effective_flags()
+def flag_error(launch_env: dict[str, str], entry: dict[str, Any]) -> str | None:
+    """The fingerprint predicts the flags tpu-inference and the twin add (RUNNER_IMPLIED_FLAGS and
+    buckets.implied_flags); check they did."""
+    expected = xla_flags(launch_env, RUNNER, implied_flags(Entry.from_dict(entry)))
+    actual = effective_flags()
     if expected != actual:
         return (f"effective XLA flags {actual} differ from the fingerprint's {expected}: "
                 "update aotc.fingerprint.RUNNER_IMPLIED_FLAGS for this tpu-inference")
@@ -57,7 +62,7 @@ def run_build(request: dict[str, Any]) -> dict[str, Any]:
         "engine_start_seconds": round(session.start_seconds, 3),
         "xla_flags": effective_flags(),
     }
-    if error := flag_error(launch_env):
+    if error := flag_error(launch_env, entry):
         errors.append(error)
     if errors:
         return {**result, "error": "; ".join(errors)}

@@ -39,6 +39,7 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     if entry.get("model_path"):
         env["HF_HUB_OFFLINE"] = "1"
     if entry["device"] == "cpu":
+        env.update(twin_device_flags(entry))
         env.update({
             TWIN_FLAG: "1",
             "JAX_PLATFORMS": "cpu",
@@ -54,6 +55,18 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     else:
         raise ValueError(f"unknown device {entry['device']!r}")
     return env
+
+
+def twin_device_flags(entry: dict[str, Any]) -> dict[str, str]:
+    """XLA_FLAGS with the twin's virtual devices for a tp > 1 entry (buckets.implied_flags), kept first so
+    the launch's own flags still follow; read when JAX's CPU client starts, after this is set."""
+    from aotc.matrix import Entry
+
+    from .buckets import implied_flags
+
+    current = os.environ.get("XLA_FLAGS", "").split()
+    added = [f for f in implied_flags(Entry.from_dict(entry)).get("XLA_FLAGS", ()) if f not in current]
+    return {"XLA_FLAGS": " ".join(added + current)} if added else {}
 
 
 def apply_env(env: dict[str, str | None]) -> None:
