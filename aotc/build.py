@@ -26,8 +26,10 @@ from aotc.fingerprint import fingerprint_entry, runner_python
 from aotc.manifest import CACHE_DIR_NAME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.plan import BuildPlan, plan_entry
+from aotc.reuse import Seed, seed_cache, settle
 from aotc.runners import PROGRESS_MARKER
-from aotc.store import sha256_file
+from aotc.runners.spec import load_runner
+from aotc.store import Store, sha256_file
 
 RUNNER_MODULES = {"vllm-tpu": "aotc.runners.vllm_tpu", "tpu-inference": "aotc.runners.tpu_inference"}
 LOG_NAME = "build.log"
@@ -48,6 +50,10 @@ class EntryBuild:
     error: str | None = None
     log: str | None = None
     problems: tuple[str, ...] = ()
+    compiled: int | None = None
+    """Cache files this build compiled; None where the runner's cache does not load (no reuse counted)."""
+    reused: int | None = None
+    """Cache files found seeded from the store's compatible artifacts (aotc/reuse.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__ | {"problems": list(self.problems)}
@@ -86,9 +92,14 @@ def shard_entries(entries: list[Entry], shard: str | None) -> list[Entry]:
 
 
 def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str | Path = "artifacts",
-                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0) -> BuildReport:
+                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0,
+                 store: Store | None = None, precompile_workers: int | None = None) -> BuildReport:
+    """``store``: reuse its compatible artifacts' graphs (runners whose cache loads); ``precompile_workers``:
+    the backend's own parallel precompile (tpu-inference's NUM_PRECOMPILE_WORKERS)."""
     if jobs < 1:
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
+    if precompile_workers is not None and precompile_workers < 1:
+        raise BadInput(f"--precompile-workers must be at least 1, got {precompile_workers}")
     selected = shard_entries(matrix.select(entries), shard)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,11 +107,13 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     start = time.perf_counter()
     reporter = _Reporter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, reporter), plans))
+        results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, reporter, store=store,
+                                                      precompile_workers=precompile_workers), plans))
     return BuildReport(tuple(results), time.perf_counter() - start)
 
 
-def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _Reporter | None = None) -> EntryBuild:
+def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _Reporter | None = None,
+                store: Store | None = None, precompile_workers: int | None = None) -> EntryBuild:
     entry = plan.entry
     reporter = reporter or _Reporter()
     final = out / entry.name
@@ -110,12 +123,20 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _
     start = time.perf_counter()
     reporter.started(entry.name, len(plan.graphs))
     planned_families = plan.families()
+    loads = load_runner(entry.runner).cache_loads
     try:
+        seeded = seed_cache(store, fingerprint_entry(entry, runner_env(entry)).inputs, staging / CACHE_DIR_NAME) \
+            if store is not None and loads else Seed()
         result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
+                            precompile_workers=precompile_workers,
                             on_progress=lambda family, seconds: family in planned_families
                             and reporter.family(entry.name, family, seconds))
         problems = build_problems(plan, result)
-        manifest = make_manifest(plan, staging, result, traffic=traffic, seed=seed)
+        reuse = settle(seeded, staging / CACHE_DIR_NAME, result) if loads else None
+        options = {"precompile_workers": precompile_workers} if precompile_workers else {}
+        if reuse is not None:
+            options["reuse"] = reuse.to_dict()
+        manifest = make_manifest(plan, staging, result, traffic=traffic, seed=seed, **options)
         manifest.save(staging)
         if problems or result.get("error"):
             return _failed(entry, plan, start, result.get("error") or problems[0], staging, problems)
@@ -125,7 +146,8 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, reporter: _
             graphs_with_keys=sum(1 for g in result.get("graphs", []) if g.get("keys")),
             runtime_graphs=len(result.get("runtime", [])), files=len(manifest.files), size=manifest.total_size,
             wall_seconds=time.perf_counter() - start, compile_seconds=float(result.get("xla_compile_seconds", 0.0)),
-            log=str(final / LOG_NAME))
+            log=str(final / LOG_NAME), compiled=reuse.compiled if reuse else None,
+            reused=reuse.reused if reuse else None)
     except RunnerFailed as exc:
         report = _failed(entry, plan, start, str(exc), staging)
     reporter.finished(report)
@@ -259,6 +281,8 @@ class _Reporter:
 
     def finished(self, report: EntryBuild) -> None:
         status = "ok" if report.ok else f"FAILED: {report.error}"
+        if report.ok and report.compiled is not None:
+            status += f", {report.compiled} compiled, {report.reused} reused from the store"
         print(f"aotc build: {report.entry}: {status} ({report.wall_seconds:.0f}s, {report.files} files, "
               f"log {report.log})", file=sys.stderr, flush=True)
 
@@ -267,11 +291,13 @@ def render_build(report: BuildReport, console) -> None:
     from rich.table import Table
 
     table = Table(title="aotc build", title_justify="left")
-    for column in ("entry", "status", "planned", "with keys", "runtime", "files", "MB", "wall s", "XLA s"):
+    for column in ("entry", "status", "planned", "with keys", "runtime", "files", "compiled", "reused", "MB",
+                   "wall s", "XLA s"):
         table.add_column(column, justify="left" if column in ("entry", "status") else "right")
     for e in report.entries:
         table.add_row(e.entry, "ok" if e.ok else "[red]FAILED[/red]", str(e.planned), str(e.graphs_with_keys),
-                      str(e.runtime_graphs), str(e.files), f"{e.size / 1e6:.1f}", f"{e.wall_seconds:.1f}",
+                      str(e.runtime_graphs), str(e.files), _count(e.compiled), _count(e.reused),
+                      f"{e.size / 1e6:.1f}", f"{e.wall_seconds:.1f}",
                       f"{e.compile_seconds:.1f}")
     console.print(table)
     for e in report.entries:
@@ -282,3 +308,7 @@ def render_build(report: BuildReport, console) -> None:
             for problem in e.problems[1:]:
                 console.print(f"  {problem}")
             console.print(f"  log: {e.log}")
+
+
+def _count(n: int | None) -> str:
+    return "-" if n is None else str(n)

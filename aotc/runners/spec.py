@@ -34,6 +34,9 @@ class RunnerSpec:
     devices: tuple[str, ...] = ("cpu", "tpu")
     watcher: str | None = None
     """``module:callable`` the guard installs in a serving process; None: the guard logs that it is unwatched."""
+    cache_loads: bool = False
+    """The stack reads its persistent cache back: a build may seed it from the store (aotc/reuse.py) and the
+    runner's build result lists ``cache_reads`` / ``cache_writes`` (cache file names)."""
     validate: str | None = None
     """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry (one line each)."""
 

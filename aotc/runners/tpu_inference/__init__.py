@@ -27,4 +27,5 @@ SPEC = RunnerSpec(
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
     validate="aotc.runners.tpu_inference.rules:validate",
+    cache_loads=True,
 )

@@ -51,6 +51,9 @@ def flag_error(launch_env: dict[str, str], entry: dict[str, Any]) -> str | None:
 
 def run_build(request: dict[str, Any]) -> dict[str, Any]:
     entry, seed = request["entry"], int(request.get("seed", 0))
+    if request.get("precompile_workers"):
+        # tpu-inference's own parallel precompile (CompilationManager's pool); not a cache-key input
+        os.environ["NUM_PRECOMPILE_WORKERS"] = str(int(request["precompile_workers"]))
     launch_env = dict(os.environ)
     session = Session.start(entry, request["cache_dir"])
     capture = session.records()
@@ -69,6 +72,9 @@ def run_build(request: dict[str, Any]) -> dict[str, Any]:
     result["traffic_requests"] = session.drive_traffic(seed, int(request.get("traffic", 32)))
     recs = session.records()
     result.update(
+        # every cache file looked up and found, every one written: the core counts reuse from these
+        cache_reads=sorted({k for r in recs for k in r["found"]}),
+        cache_writes=sorted({k for r in recs for k in r["written"]}),
         runtime=records.graphs_outside_calls(recs, records.RUNTIME),
         xla_compile_seconds=records.compile_seconds(recs),
         metrics=records.totals(records.family_table(recs, {})),

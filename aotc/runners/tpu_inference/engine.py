@@ -32,8 +32,9 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
         "VLLM_DISABLE_COMPILE_CACHE": None,
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        # Sequential precompiles: each compile is tied to the call that asked for it.
-        "NUM_PRECOMPILE_WORKERS": "1",
+        # tpu-inference's own parallel precompile, as the launch asks (its default: 1, sequential); each
+        # compile stays tied to the call that submitted it (instrument._pin_pool).
+        "NUM_PRECOMPILE_WORKERS": os.environ.get("NUM_PRECOMPILE_WORKERS") or "1",
         **PERSIST_EVERYTHING,
     }
     if entry.get("model_path"):
