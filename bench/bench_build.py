@@ -4,7 +4,8 @@ Baseline, per entry: start the stock vLLM of that entry (its runner's own engine
 nothing of aotc's instrumentation, no traffic) with VLLM_XLA_CACHE_PATH at an empty directory, let it finish
 its warm-up, stop it, and copy the directory. aotc: `aotc build` of the entry (warm-up, the traffic sweep,
 manifest), from scratch (no store reuse). Reported per entry and for the whole matrix (aim <= 1.3x), then
-tpu-inference's parallel precompile (NUM_PRECOMPILE_WORKERS, `--precompile-workers`) on against off.
+tpu-inference's parallel precompile (NUM_PRECOMPILE_WORKERS, `--precompile-workers`) on against off, and
+with `--jobs-scaling` two vllm-tpu entries at `--jobs 2` against `--jobs 1`.
 Figures from one run, side by side; nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_build.py   # make bench
@@ -58,11 +59,11 @@ def stock_child(cache: str) -> None:
     os._exit(0)  # an in-process engine can hang in interpreter teardown
 
 
-def aotc_build(config: Path, names: list[str] | None, traffic: int, workers: int | None = None):
+def aotc_build(config: Path, names: list[str] | None, traffic: int, workers: int | None = None, jobs: int = 1):
     with tempfile.TemporaryDirectory(prefix="aotc-bench-") as out:
         start = time.perf_counter()
         report = build_matrix(load_matrix(config), entries=names, out_dir=out, traffic=traffic,
-                              precompile_workers=workers)
+                              precompile_workers=workers, jobs=jobs)
         wall = time.perf_counter() - start
     if not report.ok:
         raise SystemExit(f"build failed: {[e.error for e in report.entries if not e.ok]}")
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=HERE / "jax-entries.yaml")
     parser.add_argument("--traffic", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2, help="parallel precompile workers for the on figure")
+    parser.add_argument("--jobs-scaling", action="store_true", help="also --jobs 2 vs --jobs 1 (bench/two-entries.yaml)")
     parser.add_argument("--stock", metavar="CACHE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stock:
@@ -105,6 +107,10 @@ def main() -> None:
     print(json.dumps({"entries": rows, "matrix": {"aotc_s": round(matrix_wall, 1), "stock_s": round(stock_total, 1)},
                       "parallel_precompile": {"workers": args.workers, "on_s": round(on.wall_seconds, 1),
                                               "off_s": round(off, 1)}}))
+    if args.jobs_scaling:
+        one, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic)
+        two, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic, jobs=2)
+        print(f"two entries: --jobs 1 {one:.1f}s, --jobs 2 {two:.1f}s, speed-up = {one / two:.2f}x  (aim >= 1.7x)")
 
 
 if __name__ == "__main__":
