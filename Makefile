@@ -82,7 +82,7 @@ test-fast: env
 
 bench: env env-jax
 	$(BIN)/python bench/bench_fetch.py
-	$(BIN)/python bench/bench_build.py
+	$(BIN)/python bench/bench_build.py --jobs-scaling
 	$(BIN)/python bench/bench_startup.py
 
 lock:

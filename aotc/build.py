@@ -31,6 +31,8 @@ from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Pr
                                    read_result)
 from aotc.runners.spec import load_runner
 from aotc.files import replace_dir, sha256_file
+from aotc.reuse import Seed, seed_cache, settle
+from aotc.store import Store
 
 LOG_NAME = "build.log"
 
@@ -50,6 +52,10 @@ class EntryBuild:
     error: str | None = None
     log: str | None = None
     problems: tuple[str, ...] = ()
+    compiled: int | None = None
+    """Cache files this build compiled; None where the runner's cache does not load (no reuse counted)."""
+    reused: int | None = None
+    """Cache files found seeded from the store's compatible artifacts (aotc/reuse.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__ | {"problems": list(self.problems)}
@@ -89,9 +95,14 @@ def shard_entries(entries: list[Entry], shard: str | None) -> list[Entry]:
 
 def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str | Path = "artifacts",
                  jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0,
-                 events: BuildEvents | None = None) -> BuildReport:
+                 events: BuildEvents | None = None, store: Store | None = None,
+                 precompile_workers: int | None = None) -> BuildReport:
+    """``store``: reuse its compatible artifacts' graphs (runners whose cache loads); ``precompile_workers``:
+    the backend's own parallel precompile (tpu-inference's NUM_PRECOMPILE_WORKERS)."""
     if jobs < 1:
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
+    if precompile_workers is not None and precompile_workers < 1:
+        raise BadInput(f"--precompile-workers must be at least 1, got {precompile_workers}")
     selected = shard_entries(matrix.select(entries), shard)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,11 +110,13 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     start = time.perf_counter()
     events = events or BuildEvents()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, events), plans))
+        results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, events, store=store,
+                                                      precompile_workers=precompile_workers), plans))
     return BuildReport(tuple(results), time.perf_counter() - start)
 
 
-def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: BuildEvents | None = None) -> EntryBuild:
+def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: BuildEvents | None = None,
+                store: Store | None = None, precompile_workers: int | None = None) -> EntryBuild:
     entry = plan.entry
     events = events or BuildEvents()
     final = out / entry.name
@@ -113,12 +126,20 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
     start = time.perf_counter()
     events.started(entry.name, len(plan.graphs))
     planned_families = plan.families()
+    loads = load_runner(entry.runner).cache_loads
     try:
+        seeded = seed_cache(store, fingerprint_entry(entry, runner_env(entry)).inputs, staging / CACHE_DIR_NAME) \
+            if store is not None and loads else Seed()
         result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
+                            precompile_workers=precompile_workers,
                             on_progress=lambda family, seconds: family in planned_families
                             and events.family(entry.name, family, seconds))
         graphs, problems = plan_coverage(plan, result)
-        manifest = make_manifest(plan, staging, result, graphs, traffic=traffic, seed=seed)
+        reuse = settle(seeded, staging / CACHE_DIR_NAME, result) if loads else None
+        options = {"precompile_workers": precompile_workers} if precompile_workers else {}
+        if reuse is not None:
+            options["reuse"] = reuse.to_dict()
+        manifest = make_manifest(plan, staging, result, graphs, traffic=traffic, seed=seed, **options)
         manifest.save(staging)
         if problems or result.error:
             report = _failed(entry, plan, start, result.error or problems[0], staging, problems)
@@ -128,7 +149,8 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
                 entry=entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
                 graphs_with_keys=sum(1 for g in graphs if g.keys), runtime_graphs=len(result.runtime),
                 files=len(manifest.files), size=manifest.total_size, wall_seconds=time.perf_counter() - start,
-                compile_seconds=result.xla_compile_seconds, log=str(final / LOG_NAME))
+                compile_seconds=result.xla_compile_seconds, log=str(final / LOG_NAME),
+                compiled=reuse.compiled if reuse else None, reused=reuse.reused if reuse else None)
     except RunnerFailed as exc:
         report = _failed(entry, plan, start, str(exc), staging)
     events.finished(report)

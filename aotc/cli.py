@@ -78,8 +78,14 @@ def cmd_build(args: argparse.Namespace, out: Output) -> int:
     from aotc.render import BuildProgressLines, render_build
 
     matrix = load_matrix(args.config)
+    store = None
+    if not args.no_reuse:
+        from aotc.store import Store, resolve_store_url
+
+        store = Store.from_url(resolve_store_url(args.store, matrix.store))
     report = build_matrix(matrix, entries=args.entry, out_dir=args.out, jobs=args.jobs,
-                          shard=args.shard, traffic=args.traffic, seed=args.seed, events=BuildProgressLines())
+                          shard=args.shard, traffic=args.traffic, seed=args.seed, events=BuildProgressLines(),
+                          store=store, precompile_workers=args.precompile_workers)
     out.emit(report.to_dict(), lambda: render_build(report, console()))
     return 0 if report.ok else EXIT_CHECK_FAILED
 
@@ -305,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default=None, metavar="I/N")
     p.add_argument("--traffic", type=int, default=32, metavar="N", help="requests in the traffic sweep")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="reuse the graphs this store's compatible artifacts hold (default: as publish resolves it)")
+    p.add_argument("--no-reuse", action="store_true", help="compile every graph, seeding nothing from a store")
+    p.add_argument("--precompile-workers", type=int, default=None, metavar="N",
+                   help="the backend's parallel precompile (tpu-inference: NUM_PRECOMPILE_WORKERS)")
 
     p = command("verify", cmd_verify, "prove, in a fresh process, that no graph misses the cache")
     p.add_argument("artifact_dir")

@@ -114,18 +114,22 @@ def server_imports(environ: dict[str, str]) -> int:
     return 1 if environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else 2
 
 
-def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int | None = None) -> list[str]:
+def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int | None = None,
+              entry_flags: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """The words of XLA_FLAGS and LIBTPU_INIT_ARGS as JAX's cache key hashes them (jax/_src/cache_key.py,
     ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept. ``environ`` is the launch
     environment; the flags the runner's stack prepends at import (``RunnerSpec.implied_flags``) are added
     once per import (``imports``, default: a stock server's, ``server_imports``); pass ``imports=0`` for the
-    live environment of a process that already imported it. Stricter than JAX in one way: its dump-only
-    flags count here too."""
+    live environment of a process that already imported it. ``entry_flags`` (``entry_implied_flags``: the
+    twin's virtual device count) are set once in the launch environment, unless it holds them already.
+    Stricter than JAX in one way: its dump-only flags count here too."""
     implied = load_runner(runner).implied_flags if runner else {}
     imports = server_imports(environ) if imports is None else imports
     flags: list[str] = []
     for var in FLAG_ENV_VARS:
-        words = list(implied.get(var, ())) * imports + environ.get(var, "").split()
+        launch = environ.get(var, "").split()
+        launch += [w for w in (entry_flags or {}).get(var, ()) if w not in launch]
+        words = list(implied.get(var, ())) * imports + launch
         flags += [f"{var}:{w}" for w in words]
     return sorted(flags)
 
@@ -141,10 +145,26 @@ def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _runner_buckets(entry: Entry):
+    return load_runner(entry.runner).load("buckets")
+
+
 def kv_blocks(entry: Entry) -> int | None:
     """The KV-cache page count the runner pins (a shape in its graphs); None for a runner without one."""
-    rule = getattr(load_runner(entry.runner).load("buckets"), "kv_blocks", None)
+    rule = getattr(_runner_buckets(entry), "kv_blocks", None)
     return rule(entry) if rule else None
+
+
+def entry_implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
+    """Flags the runner adds for this entry (the twin's virtual device count), from its buckets module."""
+    implied = getattr(_runner_buckets(entry), "implied_flags", None)
+    return implied(entry) if implied else {}
+
+
+def entry_mesh(entry: Entry) -> dict[str, Any] | None:
+    """The device mesh the runner shards the entry's graphs over, when the runner declares one."""
+    mesh = getattr(_runner_buckets(entry), "mesh", None)
+    return mesh(entry) if mesh else None
 
 
 def model_config_digest(entry: Entry) -> str | None:
@@ -155,7 +175,7 @@ def model_config_digest(entry: Entry) -> str | None:
 def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> dict[str, Any]:
     environ = dict(os.environ if environ is None else environ)
     model_digest = model_config_digest(entry)
-    return {
+    inputs = {
         "fingerprint_version": FINGERPRINT_VERSION,
         # a local model is identified by its config, not by where it happens to lie on disk
         "model": os.path.basename(entry.model.rstrip("/")) if model_digest else entry.model,
@@ -174,8 +194,11 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "kv_blocks": kv_blocks(entry),
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
-        "xla_flags": xla_flags(environ, entry.runner),
+        "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry_implied_flags(entry)),
     }
+    if (mesh := entry_mesh(entry)) is not None:
+        inputs["mesh"] = mesh
+    return inputs
 
 
 def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None) -> Fingerprint:

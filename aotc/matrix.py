@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from aotc.errors import BadInput, MatrixError
 from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner
 
-MIN_TOKEN_PADDING = 16  # vLLM 0.13 TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
 
@@ -46,13 +45,6 @@ class EngineArgs(_Strict):
     # The KV cache's page count, a shape in every backbone graph; unset: max_num_seqs full-length requests
     # (+1 null block), pinned the same way for build, verify and the serving flags (aotc/runners/paddings.py).
     num_gpu_blocks_override: PositiveInt | None = None
-
-    @field_validator("block_size")
-    @classmethod
-    def _power_of_two(cls, v: int | None) -> int | None:
-        if v is not None and v & (v - 1):
-            raise ValueError(f"must be a power of two, got {v}")
-        return v
 
 
 class RunnerEnv(_Strict):
@@ -95,28 +87,12 @@ def _axis(minimum: int):
 
 
 class Axes(_Strict):
-    max_model_len: _axis(MIN_TOKEN_PADDING)
+    # The minimums are vLLM's own (SchedulerConfig, ParallelConfig: ge=1); aotc needs an explicit length,
+    # so max_model_len has no "auto". Every other rule is the runner's (RunnerSpec.validate).
+    max_model_len: _axis(1)
     max_num_seqs: _axis(1)
-    max_num_batched_tokens: _axis(MIN_TOKEN_PADDING)
+    max_num_batched_tokens: _axis(1)
     tensor_parallel_size: _axis(1) = [1]
-
-    @field_validator("max_num_batched_tokens")
-    @classmethod
-    def _tokens_power_of_two(cls, values: list[int]) -> list[int]:
-        # vLLM pads to the next power of two anyway; a budget between two buckets compiles a
-        # bucket no request can fill, so say it instead of building it.
-        for v in values:
-            if v & (v - 1):
-                raise ValueError(f"must be a power of two (vLLM pads token buckets by doubling), got {v}")
-        return values
-
-    @field_validator("tensor_parallel_size")
-    @classmethod
-    def _tp_power_of_two(cls, values: list[int]) -> list[int]:
-        for v in values:
-            if v & (v - 1):
-                raise ValueError(f"must be a power of two (TPU slices), got {v}")
-        return values
 
     @field_validator("*")
     @classmethod
@@ -335,32 +311,28 @@ def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]
 
 
 def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) -> None:
-    """Rules that span several keys, each an impossibility vLLM would only report at start-up."""
-    axes = where + ".matrix"
-    if entry.max_num_batched_tokens < entry.max_num_seqs:
-        raise MatrixError(file, axes + ".max_num_batched_tokens",
-                          f"{entry.max_num_batched_tokens} is below max_num_seqs {entry.max_num_seqs} "
-                          "(vLLM requires max_num_batched_tokens >= max_num_seqs)")
-    spec = load_runner(entry.runner)
-    if entry.device not in spec.devices:
+    """What vLLM itself rejects at start-up (the runner's rules) and what cannot run on the named TPU."""
+    runner = load_runner(entry.runner)
+    if entry.device not in runner.devices:
         raise MatrixError(file, where + ".device",
-                          f"runner {spec.name} builds for {', '.join(spec.devices)}, not {entry.device!r}")
-    if entry.device == "tpu":
-        chips = int(ACCELERATOR_RE.match(entry.accelerator).group(2))
-        if entry.tensor_parallel_size > chips:
-            raise MatrixError(file, axes + ".tensor_parallel_size",
-                              f"{entry.tensor_parallel_size} exceeds the {chips} chips of {entry.accelerator}")
-    if spec.validate:
-        for problem in spec.load("validate")(entry, hf_config):
-            key, _, reason = problem.partition(": ")
-            raise MatrixError(file, f"{where}.{key}", reason)
-    if hf_config is None:
-        return
-    heads = hf_config.get("num_attention_heads")
-    if isinstance(heads, int) and heads % entry.tensor_parallel_size:
-        raise MatrixError(file, axes + ".tensor_parallel_size",
-                          f"{entry.tensor_parallel_size} does not divide the model's {heads} attention heads")
-    limit = hf_config.get("max_position_embeddings")
-    if isinstance(limit, int) and entry.max_model_len > limit:
-        raise MatrixError(file, axes + ".max_model_len",
-                          f"{entry.max_model_len} exceeds the model's max_position_embeddings {limit}")
+                          f"runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}")
+    problems = _tpu_problems(entry)
+    if runner.validate:
+        problems += runner.load("validate")(entry, hf_config)
+    if problems:
+        key, _, reason = problems[0].partition(": ")
+        raise MatrixError(file, f"{where}.{key}", reason)
+
+
+def _tpu_problems(entry: Entry) -> list[str]:
+    """A tensor-parallel group is a set of chips of one host with a valid chip topology (libtpu's
+    TPU_CHIPS_PER_PROCESS_BOUNDS: 1, 2, 4 or 8 chips); the CPU twin has no such limit."""
+    if entry.device != "tpu":
+        return []
+    tp, chips = entry.tensor_parallel_size, int(ACCELERATOR_RE.match(entry.accelerator).group(2))
+    if tp > chips:
+        return [f"matrix.tensor_parallel_size: {tp} exceeds the {chips} chips of {entry.accelerator}"]
+    if tp & (tp - 1):
+        return [f"matrix.tensor_parallel_size: {tp} chips is not a TPU chip topology on {entry.accelerator} "
+                "(libtpu process bounds take 1, 2, 4 or 8 chips)"]
+    return []

@@ -76,6 +76,8 @@ class BuildProgressLines:
 
     def finished(self, report: EntryBuild) -> None:
         status = "ok" if report.ok else f"FAILED: {report.error}"
+        if report.ok and report.compiled is not None:
+            status += f", {report.compiled} compiled, {report.reused} reused from the store"
         print(f"aotc build: {report.entry}: {status} ({report.wall_seconds:.0f}s, {report.files} files, "
               f"log {report.log})", file=sys.stderr, flush=True)
 
@@ -84,12 +86,13 @@ def render_build(report: BuildReport, console) -> None:
     from rich.table import Table
 
     table = Table(title="aotc build", title_justify="left")
-    for column in ("entry", "status", "planned", "with keys", "runtime", "files", "MB", "wall s", "XLA s"):
+    for column in ("entry", "status", "planned", "with keys", "runtime", "files", "compiled", "reused", "MB",
+                   "wall s", "XLA s"):
         table.add_column(column, justify="left" if column in ("entry", "status") else "right")
     for e in report.entries:
         table.add_row(e.entry, "ok" if e.ok else "[red]FAILED[/red]", str(e.planned), str(e.graphs_with_keys),
-                      str(e.runtime_graphs), str(e.files), f"{e.size / 1e6:.1f}", f"{e.wall_seconds:.1f}",
-                      f"{e.compile_seconds:.1f}")
+                      str(e.runtime_graphs), str(e.files), _count(e.compiled), _count(e.reused),
+                      f"{e.size / 1e6:.1f}", f"{e.wall_seconds:.1f}", f"{e.compile_seconds:.1f}")
     console.print(table)
     for e in report.entries:
         if e.ok:
@@ -99,6 +102,10 @@ def render_build(report: BuildReport, console) -> None:
             for problem in e.problems[1:]:
                 console.print(f"  {problem}")
             console.print(f"  log: {e.log}")
+
+
+def _count(n: int | None) -> str:
+    return "-" if n is None else str(n)
 
 
 def render_verify(result: VerifyResult, console) -> None:

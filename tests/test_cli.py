@@ -10,6 +10,7 @@ from .conftest import CONFIGS, run_aotc
 @pytest.mark.parametrize("args", [[], ["frobnicate"], ["plan"], ["build", str(CONFIGS / "demo.yaml"), "--jobs", "x"],
                                   ["fetch", "--dest", "/tmp/x"], ["build", str(CONFIGS / "demo.yaml"), "--jobs", "0"],
                                   ["build", str(CONFIGS / "demo.yaml"), "--shard", "2/2"],
+                                  ["build", str(CONFIGS / "demo.yaml"), "--precompile-workers", "0"],
                                   ["verify", "/nonexistent-artifact"]])
 def test_usage_errors_exit_2_with_one_line(args):
     proc = run_aotc(*args)

@@ -25,8 +25,10 @@ def vllm_rules():
 
 def test_token_paddings_equal_vllms_over_a_random_sweep(vllm_rules):
     rng = random.Random(0)
-    cases = [(16, 1 << rng.randint(4, 14), rng.choice([0, 0, 8, 16, 32, 64, 100, 128, 256, 512]))
-             for _ in range(400)] + [(16, 16, 0), (16, 17, 0), (16, 8192, 0), (16, 1000, 128), (16, 16, 16)]
+    gaps = [0, 0, 8, 16, 32, 48, 64, 100, 128, 256, 512]
+    cases = [(16, 1 << rng.randint(4, 14), rng.choice(gaps)) for _ in range(200)]
+    cases += [(16, rng.randint(1, 16384), rng.choice(gaps)) for _ in range(400)]  # budgets vLLM accepts
+    cases += [(16, 16, 0), (16, 17, 0), (16, 8192, 0), (16, 1000, 128), (16, 16, 16), (16, 96, 0), (16, 384, 64)]
     for min_size, max_size, gap in cases:
         assert buckets.token_paddings(min_size, max_size, gap) == vllm_rules.token(min_size, max_size, gap), \
             (min_size, max_size, gap)
@@ -106,3 +108,27 @@ def test_plan_table_for_humans(capsys):
     out = capsys.readouterr().out
     for family in ("backbone", "select_hidden_states", "sample_from_logits", "gather_logprobs", "total"):
         assert family in out
+
+
+@pytest.mark.parametrize("tokens,gap", [(96, 0), (384, 64), (100, 0), (1000, 128), (8, 0), (384, 0), (200, 48)])
+def test_plan_for_any_budget_and_gap_is_what_vllm_compiles(vllm_rules, tokens, gap, capsys, tmp_path):
+    """TPUModelRunner compiles every bucket of _get_token_paddings(16, budget, gap), the last one covering a
+    budget between buckets; `aotc plan` accepts the budget and plans exactly those."""
+    e = entry(f"{{max_model_len: [2048], max_num_seqs: [8], max_num_batched_tokens: [{tokens}]}}",
+              f"{{VLLM_TPU_BUCKET_PADDING_GAP: {gap}}}")
+    theirs = vllm_rules.token(16, tokens, gap)
+    plan = plan_entry(e)
+    assert plan.buckets["token_paddings"] == theirs
+    assert sorted({g.shape_dict["num_tokens"] for g in plan.graphs if g.family == "backbone"}) == theirs
+    config = tmp_path / "m.yaml"
+    config.write_text(f"models: [{{name: m, model: org/m, env: {{VLLM_TPU_BUCKET_PADDING_GAP: {gap}}}, "
+                      f"matrix: {{max_model_len: [2048], max_num_seqs: [8], max_num_batched_tokens: [{tokens}]}}}}]")
+    capsys.readouterr()
+    assert main(["plan", str(config), "--json"]) == 0
+
+
+def test_budget_between_buckets_plans_the_covering_buckets_graphs(vllm_rules):
+    """vLLM pads a budget of 96 to the 128 bucket: the graphs are those of a 128 budget."""
+    assert vllm_rules.token(16, 96, 0) == vllm_rules.token(16, 128, 0)
+    shape = "{{max_model_len: [192], max_num_seqs: [12], max_num_batched_tokens: [{}]}}"
+    assert plan_entry(entry(shape.format(96))).graphs == plan_entry(entry(shape.format(128))).graphs

@@ -46,6 +46,8 @@ class Request(_Strict):
     cache_dir: str
     traffic: int = Field(default=32, ge=0)
     seed: int = 0
+    precompile_workers: int | None = Field(default=None, ge=1)
+    """The backend's own parallel precompile (tpu-inference: NUM_PRECOMPILE_WORKERS); None: its default."""
 
     @field_validator("entry")
     @classmethod
@@ -79,6 +81,10 @@ class BuildResult(_Strict):
     """Graphs the traffic sweep compiled beyond warm-up."""
     unattributed: list[str] = []
     """Cache files no window saw being written."""
+    cache_reads: list[str] = []
+    """Cache files looked up and found (a runner whose cache loads; aotc/reuse.py counts reuse from them)."""
+    cache_writes: list[str] = []
+    """Cache files written."""
     traffic_requests: int = 0
     engine_start_seconds: float | None = None
     xla_compile_seconds: float = 0.0

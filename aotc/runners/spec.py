@@ -52,6 +52,9 @@ class RunnerSpec:
     pins: Mapping[str, str] = field(default_factory=dict)
     """The versions of ``packages`` this aotc supports (its lock file; a test keeps them equal): the
     fingerprint's versions where the runner's interpreter is not installed, e.g. a fetch init container."""
+    cache_loads: bool = False
+    """The stack reads its persistent cache back: a build may seed it from the store (aotc/reuse.py) and the
+    runner's build result lists ``cache_reads`` / ``cache_writes`` (cache file names)."""
     validate: str | None = None
     """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry, one problem a
     line as ``KEY.PATH: reason`` with the key path relative to the model (``env.X: ...``); [] when valid."""

@@ -1,6 +1,7 @@
 """Runs under the JAX venv (tests/jax/conftest.py: run_jax): tpu-inference's own answers, as JSON.
 
-stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...]}
+stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...],
+        "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len], ...]}
 stdout (last line): {"paddings": [{tokens, reqs, attn_reqs}...], "flags": {...}, "attention_error": float}
 """
 
@@ -26,6 +27,22 @@ for seqs, tokens, gap, packing in request["paddings"]:
         "reqs": runner_utils.get_req_paddings(MIN_NUM_SEQS, max_reqs),
         "attn_reqs": runner_utils.get_attn_req_paddings(MIN_NUM_SEQS, seqs),
     })
+
+from vllm.config import SchedulerConfig  # noqa: E402
+
+from tpu_inference.platforms.tpu_platform import TpuPlatform  # noqa: E402
+
+
+def accepts(seqs: int, tokens: int, length: int) -> bool:
+    try:
+        SchedulerConfig(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length,
+                        is_encoder_decoder=False)
+    except ValueError:
+        return False
+    return True
+
+
+scheduler = [accepts(*case) for case in request.get("scheduler", [])]
 
 
 def attention_error() -> float:
@@ -57,4 +74,5 @@ def attention_error() -> float:
                float(np.abs(np.asarray(out[real:], np.float32)).max()))
 
 
-print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error()}))
+print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(), "scheduler": scheduler,
+                  "quantizations": list(TpuPlatform.supported_quantization)}))

@@ -20,16 +20,46 @@ SCRIPT = Path(__file__).with_name("jax_facts.py")
 def sweep() -> list[list[int]]:
     rng = random.Random(7)
     cases = [[8, 64, 0, 2], [1, 16, 0, 2], [256, 8192, 0, 2], [128, 512, 64, 2], [64, 1024, 0, 4], [8, 64, 0, 1]]
-    for _ in range(300):
-        tokens = 1 << rng.randint(4, 14)
-        cases.append([rng.randint(1, min(tokens, 1024)), tokens, rng.choice([0, 0, 16, 64, 128, 256, 1000]),
+    cases += [[12, 96, 0, 2], [8, 384, 64, 2], [8, 100, 0, 2], [8, 200, 48, 4], [8, 1000, 128, 1]]
+    for i in range(400):
+        # powers of two and budgets between buckets, as vLLM accepts them
+        tokens = 1 << rng.randint(4, 14) if i % 2 else rng.randint(16, 16384)
+        cases.append([rng.randint(1, min(tokens, 1024)), tokens, rng.choice([0, 0, 16, 48, 64, 128, 256, 1000]),
                       rng.choice([1, 2, 4])])
     return cases
 
 
 @pytest.fixture(scope="module")
 def facts(jax_env):
-    return run_jax(jax_env, SCRIPT, {"paddings": sweep()})
+    return run_jax(jax_env, SCRIPT, {"paddings": sweep(), "scheduler": scheduler_sweep()})
+
+
+def scheduler_sweep() -> list[list[int]]:
+    rng = random.Random(8)
+    return [[rng.randint(1, 512), rng.randint(1, 4096), rng.randint(1, 8192)] for _ in range(200)]
+
+
+def test_rules_are_vllm_032s(facts):
+    """The tpu-inference runner's rules: vLLM 0.32's SchedulerConfig and tpu-inference's TpuPlatform."""
+    from types import SimpleNamespace
+
+    from aotc.runners import vllm_rules
+    from aotc.runners.tpu_inference import rules
+
+    assert rules.QUANTIZATIONS == tuple(facts["quantizations"])
+    for (seqs, tokens, length), theirs in zip(scheduler_sweep(), facts["scheduler"]):
+        e = SimpleNamespace(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length)
+        assert (not vllm_rules.scheduler(e)) == theirs, (seqs, tokens, length)
+
+
+def test_plan_accepts_budgets_between_buckets_as_tpu_inference_does(facts):
+    """`aotc plan` on 96 and on 384 with gap 64: tpu-inference's own build_token_paddings."""
+    cases = sweep()
+    for case in ([12, 96, 0, 2], [8, 384, 64, 2]):
+        plan = plan_entry(entry_for(*case))
+        theirs = facts["paddings"][cases.index(case)]["tokens"]
+        assert plan.buckets["token_paddings"] == theirs
+        assert sorted({g.shape_dict["num_tokens"] for g in plan.graphs if g.family == "backbone"}) == theirs
 
 
 def entry_for(seqs: int, tokens: int, gap: int, packing: int):
@@ -45,7 +75,7 @@ def test_paddings_equal_tpu_inference_helpers(facts):
     mismatches = [(case, buckets.paddings(entry_for(*case)), theirs)
                   for case, theirs in zip(cases, facts["paddings"]) if buckets.paddings(entry_for(*case)) != theirs]
     assert not mismatches, mismatches[:3]
-    assert len(cases) > 300
+    assert len(cases) > 400
 
 
 def test_fingerprint_flags_are_what_tpu_inference_adds(facts):

@@ -32,4 +32,6 @@ SPEC = RunnerSpec(
     pins={"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48", "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0",
           "torchax": "0.0.13"},  # requirements/jax.lock
     watcher="aotc.runners.tpu_inference.watcher:Watcher",
+    validate="aotc.runners.tpu_inference.rules:validate",
+    cache_loads=True,
 )

@@ -90,7 +90,25 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     return graphs
 
 
+# The CPU twin's virtual devices (one per tensor-parallel rank): XLA reads this flag when its CPU client starts.
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def mesh(entry: Entry) -> dict:
+    """TPUModelRunner._create_2d_mesh (NEW_MODEL_DESIGN unset): axes (data, model) = (dp 1, tp) over the first
+    dp * tp devices; sharding, and so every graph and its key, follows it."""
+    return {"axes": {"data": 1, "model": entry.tensor_parallel_size}, "devices": entry.tensor_parallel_size}
+
+
+def implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
+    """Launch flags the runner adds for this entry (in JAX's cache key): on the twin, tp > 1 needs as many
+    virtual CPU devices. tp 1 adds nothing, so its keys stay those of a plain JAX-on-CPU process."""
+    if entry.device == "cpu" and entry.tensor_parallel_size > 1:
+        return {"XLA_FLAGS": (f"{DEVICE_COUNT_FLAG}={entry.tensor_parallel_size}",)}
+    return {}
+
+
 def bucket_summary(entry: Entry) -> dict:
     p = paddings(entry)
     return {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
-            "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len)}
+            "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len), "mesh": mesh(entry)}

@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 
 from aotc.fingerprint import xla_flags
+from aotc.matrix import Entry
 from aotc.runners.protocol import BuildResult, Graph, Request
 
 from . import records
+from .buckets import implied_flags
 from .records import Record, touched
 from .session import RUNNER, Session, effective_flags
 
@@ -20,10 +22,12 @@ def precompile_calls(recs: list[Record]) -> list[Graph]:
             for r in recs if records.is_call(r)]
 
 
-def flag_error(launch_env: dict[str, str]) -> str | None:
+def flag_error(launch_env: dict[str, str], entry: dict) -> str | None:
     """The fingerprint predicts the flags a stock server's engine core hashes (implied_flags once per
-    import, aotc.fingerprint.xla_flags); this process started as that engine core does: check it did."""
-    expected, actual = xla_flags(launch_env, RUNNER), effective_flags()
+    import, the twin's device count once; aotc.fingerprint.xla_flags); this process started as that engine
+    core does: check it did."""
+    expected = xla_flags(launch_env, RUNNER, entry_flags=implied_flags(Entry.from_dict(entry)))
+    actual = effective_flags()
     if expected != actual:
         return (f"effective XLA flags {actual} differ from the fingerprint's {expected}: "
                 "update the tpu-inference RunnerSpec's implied_flags for this tpu-inference")
@@ -31,18 +35,24 @@ def flag_error(launch_env: dict[str, str]) -> str | None:
 
 
 def run_build(request: Request) -> BuildResult:
+    if request.precompile_workers:
+        # tpu-inference's own parallel precompile (CompilationManager's pool); not a cache-key input
+        os.environ["NUM_PRECOMPILE_WORKERS"] = str(request.precompile_workers)
     launch_env = dict(os.environ)
     session = Session.start(request.entry, request.cache_dir)
     capture = session.records()
     result = BuildResult(calls=precompile_calls(capture),
                          startup=records.graphs_outside_calls(capture, records.STARTUP),
                          engine_start_seconds=round(session.start_seconds, 3), xla_flags=effective_flags())
-    if error := flag_error(launch_env):
+    if error := flag_error(launch_env, request.entry):
         return result.model_copy(update={"error": error})
     sent = session.drive_traffic(request.seed, request.traffic)
     recs = session.records()
     return result.model_copy(update={
         "traffic_requests": sent,
+        # every cache file looked up and found, every one written: the core counts reuse from these
+        "cache_reads": sorted({k for r in recs for k in r["found"]}),
+        "cache_writes": sorted({k for r in recs for k in r["written"]}),
         "runtime": [Graph.model_validate(g) for g in records.graphs_outside_calls(recs, records.RUNTIME)],
         "xla_compile_seconds": records.compile_seconds(recs),
         "metrics": records.totals(records.family_table(recs, {})),

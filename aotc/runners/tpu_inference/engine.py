@@ -40,6 +40,7 @@ def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     if entry.get("model_path"):
         env["HF_HUB_OFFLINE"] = "1"
     if entry["device"] == "cpu":
+        env.update(twin_device_flags(entry))
         env.update({
             TWIN_FLAG: "1",
             "JAX_PLATFORMS": "cpu",
@@ -70,10 +71,12 @@ def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     env.update({
         # In-process engine: one process to measure, and the runner's jits are reachable from here.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        # Sequential precompiles: each compile is tied to the call that asked for it.
-        "NUM_PRECOMPILE_WORKERS": "1",
+        # tpu-inference's own parallel precompile, as the build asks (its default: 1, sequential); each
+        # compile stays tied to the call that submitted it (instrument._pin_pool).
+        "NUM_PRECOMPILE_WORKERS": environ.get("NUM_PRECOMPILE_WORKERS") or "1",
     })
-    env.update(api_server_flags(environ))
+    # after the twin's device count, which serving_env put into XLA_FLAGS
+    env.update(api_server_flags({**environ, **{k: v for k, v in env.items() if v is not None}}))
     return env
 
 
@@ -82,6 +85,18 @@ def api_server_flags(environ) -> dict[str, str]:
     from . import SPEC
 
     return {var: " ".join(flags) + " " + environ.get(var, "") for var, flags in SPEC.implied_flags.items()}
+
+
+def twin_device_flags(entry: dict[str, Any]) -> dict[str, str]:
+    """XLA_FLAGS with the twin's virtual devices for a tp > 1 entry (buckets.implied_flags), kept first so
+    the launch's own flags still follow; read when JAX's CPU client starts, after this is set."""
+    from aotc.matrix import Entry
+
+    from .buckets import implied_flags
+
+    current = os.environ.get("XLA_FLAGS", "").split()
+    added = [f for f in implied_flags(Entry.from_dict(entry)).get("XLA_FLAGS", ()) if f not in current]
+    return {"XLA_FLAGS": " ".join(added + current)} if added else {}
 
 
 # The engine's seed is baked into graphs (dummy-weight init): build, verify and a pod must share it.

@@ -63,6 +63,7 @@ def _measured_compilation(probe: Probe, run_compilation):
         family, shape = family_of(name), shape_of(kwargs)
         queued = len(self._warmup_tasks)
         started = time.perf_counter()
+        _pin_pool(probe, self)
         with probe.window("call", family, shape):
             result = run_compilation(self, name, fn, *args, **kwargs)
         PROGRESS.call(family, time.perf_counter() - started)
@@ -74,6 +75,20 @@ def _measured_compilation(probe: Probe, run_compilation):
         return result
 
     return measured
+
+
+def _pin_pool(probe: Probe, manager) -> None:
+    """With NUM_PRECOMPILE_WORKERS > 1 the manager submits each compile to its pool: tie the compile to the
+    window of the call that submitted it, whichever worker runs it and whenever."""
+    pool = manager._compile_executor
+    if pool is None or getattr(pool, "_aotc_pinned", False):
+        return
+    submit = pool.submit
+
+    def pinned_submit(fn, *args, **kwargs):
+        return submit(probe.pinned(probe.current(), fn), *args, **kwargs)
+
+    pool.submit, pool._aotc_pinned = pinned_submit, True
 
 
 def _in_window(probe: Probe, family: str, shape: dict[str, Any], handler):

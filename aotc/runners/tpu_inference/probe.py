@@ -58,6 +58,7 @@ class Probe:
         self.records: list[Window] = []
         self._stack: list[Window] = [Window("startup", "phase", "startup", {})]
         self._lock = threading.RLock()
+        self._thread = threading.local()  # .window: where a precompile worker thread's evidence goes
 
     # -- windows ----------------------------------------------------------------------------------
 
@@ -89,8 +90,25 @@ class Probe:
             pending = [self._stack[0]] if not self._stack[0].empty else []
             return [w.as_dict() for w in [*self.records, *pending]]
 
+    def current(self) -> Window:
+        with self._lock:
+            return self._current()
+
     def _current(self) -> Window:
-        return self._stack[-1]
+        return getattr(self._thread, "window", None) or self._stack[-1]
+
+    def pinned(self, window: Window, fn):
+        """``fn`` that records into ``window`` from whichever thread runs it (NUM_PRECOMPILE_WORKERS > 1
+        compiles on a pool after the call's window has closed)."""
+        def run(*args, **kwargs):
+            previous = getattr(self._thread, "window", None)
+            self._thread.window = window
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._thread.window = previous
+
+        return run
 
     # -- JAX hooks --------------------------------------------------------------------------------
 

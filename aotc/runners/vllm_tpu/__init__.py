@@ -27,7 +27,7 @@ SPEC = RunnerSpec(
     buckets="aotc.runners.vllm_tpu.buckets",
     packages=("torch", "torch_xla", "vllm", "libtpu"),
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
-    validate="aotc.runners.vllm_tpu.buckets:validate",
+    validate="aotc.runners.vllm_tpu.rules:validate",
     probe="aotc.runners.vllm_tpu.doctor:loadability_probe",
     serve="aotc.runners.vllm_tpu.engine:serve_settings",
     # Not the twin: vLLM 0.13's own TPUModelRunner (sample_tokens' concat_lists) extends Python lists with the

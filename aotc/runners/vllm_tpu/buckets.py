@@ -7,12 +7,14 @@ equal vLLM's own ``_get_token_paddings``, ``_get_req_paddings`` and
 
 from __future__ import annotations
 
-from aotc.matrix import MIN_TOKEN_PADDING, Entry
+from aotc.matrix import Entry
 from aotc.graphs import GraphSpec
 # MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
 from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
                                    page_size, req_paddings, token_paddings)
 from aotc.runners.paddings import kv_blocks as paddings_kv_blocks
+
+MIN_TOKEN_PADDING = 16  # TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 
 
 def kv_blocks(entry: Entry | dict) -> int:
@@ -50,6 +52,7 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     if most_model_len is not None:
         backbone_variants.append((min(max_num_seqs_for_len(most_model_len, block_size), max_num_reqs),
                                   cdiv(most_model_len, block_size)))
+    backbone_variants = list(dict.fromkeys(backbone_variants))  # equal lengths: the runner's second run is a hit
     for t in tokens:
         graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r, num_blocks=b) for r, b in backbone_variants]
     for t in tokens:

@@ -1,0 +1,92 @@
+"""The matrix rejects exactly what vLLM 0.13 rejects: each rule of the vllm-tpu runner held against vLLM's own
+code over a randomized sweep (tpu-inference's against vLLM 0.32's in tests/jax/test_plan_jax.py)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from aotc.matrix import parse_matrix
+from aotc.runners import vllm_rules
+from aotc.runners.vllm_tpu import rules
+
+
+def entry(runner="vllm-tpu", engine="{}", **axes):
+    axes = {"max_model_len": 128, "max_num_seqs": 8, "max_num_batched_tokens": 64, **axes}
+    matrix = ", ".join(f"{k}: [{v}]" for k, v in axes.items())
+    return parse_matrix(f"models: [{{name: m, model: org/m, runner: {runner}, device: cpu, engine: {engine}, "
+                        f"matrix: {{{matrix}}}}}]").entries[0]
+
+
+def vllm_accepts(fn) -> bool:
+    try:
+        fn()
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def test_scheduler_rule_is_vllms_over_a_sweep():
+    from vllm.config import SchedulerConfig
+
+    rng = random.Random(3)
+    for _ in range(300):
+        seqs, tokens, length = rng.randint(1, 512), rng.randint(1, 4096), rng.randint(1, 8192)
+        theirs = vllm_accepts(lambda: SchedulerConfig(max_num_batched_tokens=tokens, max_num_seqs=seqs,
+                                                      max_model_len=length, is_encoder_decoder=False))
+        e = SimpleNamespace(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length)
+        assert (not vllm_rules.scheduler(e)) == theirs, (seqs, tokens, length)
+
+
+def test_block_sizes_are_vllm_serves():
+    # CacheConfig skips validation of block_size; `vllm serve --block-size` (EngineArgs' parser) checks it
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    parser.exit = parser.error = lambda *a, **k: (_ for _ in ()).throw(ValueError(a))
+    for block in [1, 2, 4, 8, 16, 24, 32, 64, 128, 256, 512, 1024]:
+        theirs = vllm_accepts(lambda: parser.parse_args(["--block-size", str(block)]))
+        ours = rules.validate(replace(entry(), engine={"block_size": block}), None)
+        assert (not ours) == theirs, block
+
+
+def test_quantizations_are_tpu_platforms():
+    from vllm.platforms.tpu import TpuPlatform
+
+    assert rules.QUANTIZATIONS == tuple(TpuPlatform.supported_quantization)
+
+
+def test_head_rule_is_vllms():
+    from vllm.config import ModelConfig
+
+    for heads in [1, 6, 8, 12, 32, 40]:
+        for tp in [1, 2, 3, 4, 8]:
+            fake = SimpleNamespace(hf_text_config=SimpleNamespace(num_attention_heads=heads))
+            parallel = SimpleNamespace(tensor_parallel_size=tp, enable_expert_parallel=False, pipeline_parallel_size=1,
+                                       decode_context_parallel_size=1)
+            theirs = vllm_accepts(lambda: ModelConfig.verify_with_parallel_config(fake, parallel))
+            ours = vllm_rules.parallel(SimpleNamespace(tensor_parallel_size=tp), {"num_attention_heads": heads})
+            assert (not ours) == theirs, (heads, tp)
+
+
+@pytest.mark.parametrize("config", [{"max_position_embeddings": 2048}, {"n_positions": 1024, "seq_length": 4096},
+                                    {"model_max_length": 8192, "max_position_embeddings": 2048}, {}])
+def test_max_len_rule_is_vllms(config):
+    from transformers import PretrainedConfig
+    from vllm.config.model import _get_and_verify_max_len
+
+    for length in [128, 1024, 2048, 4096, 8192, 16384]:
+        hf = PretrainedConfig(**config)
+        theirs = vllm_accepts(lambda: _get_and_verify_max_len(hf, None, length, False, None))
+        ours = vllm_rules.max_model_len(SimpleNamespace(max_model_len=length), config)
+        assert (not ours) == theirs, (config, length)
+
+
+@pytest.mark.parametrize("tokens", [8, 96, 100, 384, 1000])
+def test_budgets_vllm_accepts_are_accepted(tokens):
+    assert entry(max_num_batched_tokens=tokens).max_num_batched_tokens == tokens
+    assert entry(runner="tpu-inference", max_num_batched_tokens=tokens).max_num_batched_tokens == tokens
