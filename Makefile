@@ -59,6 +59,7 @@ build-cache: env $(if $(shell grep -l 'runner: *tpu-inference' $(DEMO) 2>/dev/nu
 	$(BIN)/aotc build $(DEMO) --out $(ARTIFACTS)
 	@for dir in $(ARTIFACTS)/*/; do $(BIN)/aotc verify $$dir || exit 1; done
 	$(BIN)/aotc publish $(ARTIFACTS)/*/ --store $(STORE)
+	$(BIN)/aotc report $(ARTIFACTS)/*/ --out $(ARTIFACTS)/report.html
 	$(BIN)/aotc ls --store $(STORE)
 	@echo "fetch in a pod: aotc fetch --config $(DEMO) --entry <name> --dest \$$VLLM_XLA_CACHE_PATH --store $(STORE)"
 

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from aotc.matrix import load_matrix
+from aotc.plan import plan_entry
+
 from .conftest import CONFIGS, run_aotc
+from .helpers.browser import Dom, dump_dom, screenshot
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +88,16 @@ def test_an_artifact_that_failed_verify_is_not_published(built, tmp_path):
     proc = run_aotc("publish", damaged, "--store", store)
     assert proc.returncode == 1 and "2 cache miss(es)" in proc.stderr
     assert not (store / "manifests").exists() or not any((store / "manifests").rglob("*.json"))
+
+
+def test_report_of_the_demo_build_shows_every_planned_family_compiled(built, chromium, tmp_path):
+    page = tmp_path / "report.html"
+    proc = run_aotc("report", built, "--out", page)
+    assert proc.returncode == 0, proc.stderr
+    print(f"screenshot: {screenshot(chromium, page, tmp_path / 'demo-report.png')}")
+    dom = Dom(dump_dom(chromium, page).dom)
+    assert dom.one("th", data_entry=ENTRY).text == ENTRY
+    for family, planned in plan_entry(load_matrix(DEMO).entry(ENTRY)).families().items():
+        cell = dom.one("td", data_entry=ENTRY, data_family=family)
+        assert (cell.attrs["data-state"], cell.attrs["data-planned"], cell.attrs["data-missing"]) == \
+            ("compiled", str(planned), "0"), cell.text

@@ -87,7 +87,7 @@ class Node:
 
     @property
     def text(self) -> str:
-        return " ".join("".join(self.parts).split())
+        return " ".join(" ".join(self.parts).split())  # adjacent cells read apart, like innerText
 
 
 class Dom(HTMLParser):
