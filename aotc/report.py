@@ -55,11 +55,14 @@ class Cell:
 
 @dataclass(frozen=True)
 class EntryView:
-    name: str
     artifact_dir: str
     manifest: Manifest
     cells: dict[str, Cell]
     plan_note: str | None = None  # why the plan could not be recomputed
+
+    @property
+    def name(self) -> str:
+        return self.manifest.entry
 
     @property
     def canary(self) -> dict[str, Any] | None:
@@ -96,7 +99,7 @@ def _entry_view(artifact_dir: Path) -> EntryView:
         note = None
     except (BadInput, TypeError, ValueError) as exc:  # an old manifest, or a runner this aotc lacks
         plan, note = None, f"plan unavailable: {exc}"
-    return EntryView(manifest.entry, str(artifact_dir), manifest, entry_cells(manifest.graphs, plan), note)
+    return EntryView(str(artifact_dir), manifest, entry_cells(manifest.graphs, plan), note)
 
 
 def entry_cells(graphs: tuple[GraphRecord, ...], plan: BuildPlan | None) -> dict[str, Cell]:
@@ -249,7 +252,7 @@ text-align:left;vertical-align:top} th{background:#f6f8fa} td.num{text-align:rig
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid var(--line)}
 .bar{background:#eaeef2;width:320px;height:12px} .fill{height:12px;background:var(--rt)}
 .fill.missing{background:var(--bad)} .diff{background:var(--warnbg)} code{font-size:12px}
-.note{color:var(--muted)} .warn{color:var(--bad)} svg{display:block}
+.note{color:var(--muted)} tbody td:first-child{white-space:nowrap} .warn{color:var(--bad)} svg{display:block}
 """
 
 
@@ -295,7 +298,7 @@ def _cell(entry: str, family: str, cell: Cell) -> Safe:
         lines.append(el("b", f"{cell.planned - cell.missing}/{cell.planned}"))
         lines.append(" compiled")
     elif cell.compiled:
-        lines += [el("b", cell.compiled), " compiled" + (" (not planned)" if cell.planned is not None else "")]
+        lines += [el("b", cell.compiled), " compiled" + (" outside the plan" if cell.planned is not None else "")]
     if cell.missing:
         lines.append(el("div", f"{cell.missing} missing", class_="missing-count"))
     if cell.runtime:
@@ -313,7 +316,7 @@ def _total(data: BuildData, family: str) -> str:
     cells = [e.cells[family] for e in data.entries if family in e.cells]
     compiled = sum(c.compiled + c.runtime for c in cells)
     missing = sum(c.missing for c in cells)
-    return f"{compiled} graphs" + (f", {missing} missing" if missing else "")
+    return f"{compiled} graph(s)" + (f", {missing} missing" if missing else "")
 
 
 def _compile_bars(data: BuildData) -> Safe:
@@ -356,7 +359,8 @@ def _verify(data: BuildData) -> Safe:
         rows.append([e.name, f"{e.manifest.runner} on {e.manifest.device}", *values,
                      el("span", words, class_=state)])
     note = el("p", "Recorded by aotc verify in each manifest: misses = graphs the fresh server ran without a "
-                   "cache entry; loadable = entries were really deserialized and used.", class_="note")
+                   "cache entry; loadable = entries were really loaded (verify counted loads > 0 and no "
+                   "deserialize failure).", class_="note")
     return join([el("h3", "per backend"), table(["backend", "entries", "verdict"], backends, id="verify-backends"),
                  el("h3", "per entry"), note,
                  table(["entry", "backend", *keys, "verdict"], rows, id="verify-entries")])
