@@ -27,3 +27,13 @@ def chromium():
     from tests.helpers.browser import ensure_chromium
 
     return ensure_chromium()
+
+
+@pytest.fixture
+def announce(capsys):
+    """Print past pytest's capture: artifacts a person should look at (a screenshot) and measured figures."""
+    def say(line: str) -> None:
+        with capsys.disabled():
+            print(f"\n{line}")
+
+    return say

@@ -90,11 +90,11 @@ def test_an_artifact_that_failed_verify_is_not_published(built, tmp_path):
     assert not (store / "manifests").exists() or not any((store / "manifests").rglob("*.json"))
 
 
-def test_report_of_the_demo_build_shows_every_planned_family_compiled(built, chromium, tmp_path):
+def test_report_of_the_demo_build_shows_every_planned_family_compiled(built, chromium, announce, tmp_path):
     page = tmp_path / "report.html"
     proc = run_aotc("report", built, "--out", page)
     assert proc.returncode == 0, proc.stderr
-    print(f"screenshot: {screenshot(chromium, page, tmp_path / 'demo-report.png')}")
+    announce(f"screenshot: {screenshot(chromium, page, tmp_path / 'demo-report.png')}")
     dom = Dom(dump_dom(chromium, page).dom)
     assert dom.one("th", data_entry=ENTRY).text == ENTRY
     for family, planned in plan_entry(load_matrix(DEMO).entry(ENTRY)).families().items():

@@ -32,16 +32,15 @@ def report(tmp_path: Path, *args: str) -> Path:
     return out
 
 
-def render(chromium: str, page: Path, name: str) -> Dom:
+def render(chromium: str, page: Path, name: str, announce) -> Dom:
     """The browser's DOM of ``page``, and a screenshot kept beside it as the test's artifact."""
-    png = screenshot(chromium, page, page.with_name(f"{name}.png"))
-    print(f"screenshot: {png}")
+    announce(f"screenshot: {screenshot(chromium, page, page.with_name(f'{name}.png'))}")
     return Dom(dump_dom(chromium, page).dom)
 
 
-def test_build_report_shows_every_entry_and_family_and_the_missing_graph(chromium, tmp_path):
+def test_build_report_shows_every_entry_and_family_and_the_missing_graph(chromium, announce, tmp_path):
     artifacts = write_demo_build(tmp_path / "artifacts")
-    dom = render(chromium, report(tmp_path, *map(str, artifacts)), "build-report")
+    dom = render(chromium, report(tmp_path, *map(str, artifacts)), "build-report", announce)
     complete, with_missing = demo_entries()
     first_family = plan_entry(with_missing).graphs[0].family
     for entry in (complete, with_missing):
@@ -65,11 +64,11 @@ def test_build_report_shows_every_entry_and_family_and_the_missing_graph(chromiu
     assert not dom.find("script")
 
 
-def test_user_data_is_text_never_markup(chromium, tmp_path):
+def test_user_data_is_text_never_markup(chromium, announce, tmp_path):
     hostile = '<img src=x onerror="document.title=1"></td></table><script>document.title=2</script>'
     artifact = make_artifact(tmp_path / "art", entry="model-a--len2048-tp1",
                              inputs={"model": hostile, "env": {"X": "<b>bold</b>"}})
-    dom = render(chromium, report(tmp_path, str(artifact)), "escaped")
+    dom = render(chromium, report(tmp_path, str(artifact)), "escaped", announce)
     assert not dom.find("img") and not dom.find("script") and not dom.find("b")
     assert hostile in dom.one("tr", data_input="model").text
     assert "plan unavailable" in dom.one("th", data_entry="model-a--len2048-tp1").text
@@ -95,12 +94,12 @@ def synthetic_store(root: Path, entries: int = 1000) -> tuple[Path, dict]:
     return store, {"logical": logical, "distinct": sum(objects.values()), "old_only": old_only}
 
 
-def test_store_report_of_1000_entries_renders_with_sizes_dedup_and_gc(chromium, tmp_path):
+def test_store_report_of_1000_entries_renders_with_sizes_dedup_and_gc(chromium, announce, tmp_path):
     store, sizes = synthetic_store(tmp_path)
     page = report(tmp_path, "--store", str(store), "--keep", "1", "--min-age", "0")
     rendered = dump_dom(chromium, page)
-    print(f"1,000-entry store report: {page.stat().st_size} bytes, browser run {rendered.seconds:.2f} s")
-    print(f"screenshot: {screenshot(chromium, page, tmp_path / 'store-report.png')}")
+    announce(f"1,000-entry store report: {page.stat().st_size} bytes, browser run {rendered.seconds:.2f} s "
+             f"(start-up included); screenshot: {screenshot(chromium, page, tmp_path / 'store-report.png')}")
     dom = Dom(rendered.dom)
     rows = dom.find("tr", data_entry=True)
     assert len(rows) == 1000 and rows[0].attrs["data-entry"] == "model-0000--len2048-tp1"
