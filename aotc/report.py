@@ -433,8 +433,13 @@ def _store_summary(data: StoreData) -> Safe:
                  el("ul", warnings) if info.warnings else ""])
 
 
+def _stamps(data: StoreData) -> list[float]:
+    """Creation times that parse (an unparseable one reads as 0.0 and is left off the charts)."""
+    return sorted(m.created_ts for e in data.info.entries for m in e.manifests if m.created_ts)
+
+
 def _span(data: StoreData) -> tuple[float, float]:
-    stamps = [m.created_ts for e in data.info.entries for m in e.manifests if m.created_ts]
+    stamps = _stamps(data)
     if not stamps:
         return 0.0, 1.0
     low, high = min(stamps), max(stamps)
@@ -443,9 +448,9 @@ def _span(data: StoreData) -> tuple[float, float]:
 
 def _timeline(data: StoreData) -> Safe:
     """Cumulative fingerprints published, as a step line over the manifests' creation times."""
-    stamps = sorted(m.created_ts for e in data.info.entries for m in e.manifests)
+    stamps = _stamps(data)
     if not stamps:
-        return el("p", "nothing published", class_="note")
+        return el("p", "no dated fingerprints in the store", class_="note")
     low, high = _span(data)
     width, height, n = 720, 160, len(stamps)
     points = " ".join(f"{(t - low) / (high - low) * width:.1f},{height - (i + 1) / n * height:.1f}"
@@ -481,7 +486,7 @@ def _store_entries(data: StoreData) -> Safe:
 def _sparkline(manifests: tuple, ref: str | None, low: float, high: float) -> Safe:
     width = 160
     dots = join(el("circle", cx=f"{(m.created_ts - low) / (high - low) * (width - 8) + 4:.1f}", cy="7", r="4",
-                   fill="#1a7f37" if m.fingerprint == ref else "#8c959f") for m in manifests)
+                   fill="#1a7f37" if m.fingerprint == ref else "#8c959f") for m in manifests if m.created_ts)
     return el("svg", dots, width=str(width), height="14", viewBox=f"0 0 {width} 14")
 
 
