@@ -65,6 +65,7 @@ build-cache: env $(if $(shell grep -l 'runner: *tpu-inference' $(DEMO) 2>/dev/nu
 	@for dir in $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))); do \
 	  $(BIN)/aotc verify $$dir || exit 1; done
 	$(BIN)/aotc publish $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))) --store $(STORE)
+	$(BIN)/aotc report $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))) --out $(ARTIFACTS)/report.html
 	$(BIN)/aotc ls --store $(STORE)
 	@for demo in $(DEMO); do for dir in $(ARTIFACTS)/$$(basename $$demo .yaml)/*/; do \
 	  $(BIN)/aotc canary $$demo --entry $$(basename $$dir) --store $(STORE) --requests $(CANARY_REQUESTS) --json \

@@ -203,15 +203,11 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_gc(args: argparse.Namespace, out: Output) -> int:
     from aotc.render import print_warnings, render_gc
-    from aotc.store import DEFAULT_MIN_AGE, Store, resolve_store_url
+    from aotc.store import Store, resolve_store_url
 
     url = resolve_store_url(args.store)
     store = Store.from_url(url)
-    # blobs younger than this may belong to a publish in flight (see aotc/store/leases.py)
-    min_age = args.min_age if args.min_age is not None else float(
-        os.environ.get("AOTC_GC_MIN_AGE_SECONDS", DEFAULT_MIN_AGE))
-    if args.keep < 0 or min_age < 0:
-        raise_usage("gc needs --keep >= 0 and --min-age >= 0")
+    min_age = gc_min_age(args)
     strategy = store.scan().gc(keep=args.keep, min_age=min_age)
     print_warnings(strategy.warnings)
     report = None if args.dry_run else strategy.execute(store)
@@ -247,6 +243,37 @@ def cmd_completeness(args: argparse.Namespace, out: Output) -> int:
     if out.as_json:
         out.emit(report.to_dict())
     return EXIT_NOT_FOUND if report.missing else 0
+
+
+def gc_min_age(args: argparse.Namespace) -> float:
+    """gc's --min-age, else $AOTC_GC_MIN_AGE_SECONDS, else the store's default; --keep checked too."""
+    from aotc.store import DEFAULT_MIN_AGE
+
+    # blobs younger than this may belong to a publish in flight (see aotc/store/leases.py)
+    min_age = args.min_age if args.min_age is not None else float(
+        os.environ.get("AOTC_GC_MIN_AGE_SECONDS", DEFAULT_MIN_AGE))
+    if args.keep < 0 or min_age < 0:
+        raise_usage(f"{args.command} needs --keep >= 0 and --min-age >= 0")
+    return min_age
+
+
+def cmd_report(args: argparse.Namespace, out: Output) -> int:
+    from aotc.report import build_report, render_build, render_store, store_report, write_report
+    from aotc.store import resolve_store_url
+
+    if args.artifact_dir and args.store:
+        raise_usage("report takes either ARTIFACT_DIR... or --store URL, not both")
+    if args.artifact_dir:
+        data = build_report(args.artifact_dir)
+        kind, text, entries = "build", render_build(data), len(data.entries)
+    else:
+        url = resolve_store_url(args.store)
+        store = store_report(url, keep=args.keep, min_age=gc_min_age(args))
+        kind, text, entries = "store", render_store(store), len(store.info.entries)
+    path = write_report(text, args.out)
+    out.emit({"report": str(path), "kind": kind, "entries": entries},
+             lambda: print(f"aotc report: wrote {path} ({kind}, {entries} entries)"))
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
@@ -363,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("completeness", cmd_completeness, "is every entry of a matrix published? exit 0 yes, 3 no")
     p.add_argument("config")
     p.add_argument("--store", metavar="URL")
+    p = command("report", cmd_report, "write one self-contained HTML page about a build or a store")
+    p.add_argument("artifact_dir", nargs="*", help="artifact dirs of a build (else the store: --store URL)")
+    p.add_argument("--store", metavar="URL")
+    p.add_argument("--out", default="aotc-report.html", metavar="FILE.html")
+    p.add_argument("--keep", type=int, default=2, metavar="N", help="store: the gc --keep N to preview")
+    p.add_argument("--min-age", type=float, default=None, metavar="SECONDS", help="store: as gc --min-age")
 
     p = command("fingerprint", cmd_fingerprint, "print an entry's fingerprint and its inputs")
     p.add_argument("config")

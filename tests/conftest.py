@@ -19,3 +19,21 @@ def run_aotc(*args: str, env: dict | None = None, cwd: str | Path | None = None,
 @pytest.fixture
 def aotc_cli():
     return run_aotc
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """A real headless Chromium (installed by apt on a fresh Debian machine, as CI's root)."""
+    from tests.helpers.browser import ensure_chromium
+
+    return ensure_chromium()
+
+
+@pytest.fixture
+def announce(capsys):
+    """Print past pytest's capture: artifacts a person should look at (a screenshot) and measured figures."""
+    def say(line: str) -> None:
+        with capsys.disabled():
+            print(f"\n{line}")
+
+    return say

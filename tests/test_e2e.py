@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from aotc.matrix import load_matrix
+from aotc.plan import plan_entry
+
 from .conftest import CONFIGS, run_aotc
+from .helpers.browser import Dom, dump_dom, screenshot
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +104,15 @@ def test_canary_names_a_deleted_graph_and_counts_recompiles_under_loadability(bu
     assert dropped in doc["startup"]["new_files"]
     assert doc["startup"]["rewritten_files"] and doc["loadable"] is not True
     assert [lim for lim in doc["limitations"] if lim.startswith("logprobs")]
+
+def test_report_of_the_demo_build_shows_every_planned_family_compiled(built, chromium, announce, tmp_path):
+    page = tmp_path / "report.html"
+    proc = run_aotc("report", built, "--out", page)
+    assert proc.returncode == 0, proc.stderr
+    announce(f"screenshot: {screenshot(chromium, page, tmp_path / 'demo-report.png')}")
+    dom = Dom(dump_dom(chromium, page).dom)
+    assert dom.one("th", data_entry=ENTRY).text == ENTRY
+    for family, planned in plan_entry(load_matrix(DEMO).entry(ENTRY)).families().items():
+        cell = dom.one("td", data_entry=ENTRY, data_family=family)
+        assert (cell.attrs["data-state"], cell.attrs["data-planned"], cell.attrs["data-missing"]) == \
+            ("compiled", str(planned), "0"), cell.text
