@@ -147,7 +147,10 @@ def test_gc_running_beside_publishers_never_breaks_the_newest_manifest(fresh_url
             except Exception as exc:  # reported below, not swallowed
                 errors.append(exc)
 
-    publish_artifacts([str(artifacts(files=shared | uniques[0], inputs={"round": -1}))], url)
+    # older than every round: with keep=1 each round's manifest is the newest once published (the fixture's
+    # default `created` is now, which made round -1 the newest and let gc drop a just-published round)
+    publish_artifacts([str(artifacts(files=shared | uniques[0], inputs={"round": -1},
+                                     created="2025-12-31T23:59:59+00:00"))], url)
     worker = threading.Thread(target=collect)
     worker.start()
     try:
