@@ -42,9 +42,6 @@ ATTEMPTS = 3  # per object, for what the transport cannot see: a short body with
 STAGING_MARK = ".aotc-staging-"
 WRITERS = 4  # threads that create, write and hash files (hashlib and pwrite release the GIL)
 OPEN_OBJECTS = 32  # objects open at once (each holds a file descriptor, two with a node cache)
-INLINE_BELOW = 1 << 20  # objects this small are created, written and hashed on the event loop itself:
-# well under a millisecond of work, where a hop to a writer thread costs a scheduler wake-up (profiled:
-# on a loaded 2-core node those hops, not hashing or writing, were what made fetch slower than a raw read)
 DEFAULT_OPTIONAL_DEADLINE = 600.0  # fetch --optional gives up after this long unless --deadline says
 
 
@@ -481,8 +478,23 @@ class _Download:
 
     async def _attempt(self, obj: _Object, target: str) -> str | None:
         """Download once into ``target``; the reason it must be retried, or None when it verified."""
-        inline = obj.size < INLINE_BELOW
-        fd = _create(target) if inline else await self._in(self._writers, _create, target)
+        try:
+            if obj.size <= self.chunk:  # one range: one hop to a writer creates, writes, hashes and closes
+                digest = await self._in(self._writers, _write_file, target, await self._read(obj, 0, obj.size))
+                self.meter.add(obj.size)
+            else:
+                digest = await self._stream(obj, target)
+        except _Retry as exc:
+            return str(exc)
+        if digest != obj.sha256:
+            self.meter.add(-obj.size)
+            return (f"{self.store.url_of(self.store.object_path(obj.sha256))} ({self._name(obj)}): "
+                    f"sha256 is {digest}, the manifest says {obj.sha256}")
+        return None
+
+    async def _stream(self, obj: _Object, target: str) -> str:
+        """Ranges read ahead, written and hashed in order on the writer threads: the sha256 written."""
+        fd = await self._in(self._writers, _create, target)
         hasher, written = hashlib.sha256(), 0
         ranges = iter([(o, min(self.chunk, obj.size - o)) for o in range(0, obj.size, self.chunk)])
         ahead: deque[tuple[int, asyncio.Future]] = deque()
@@ -491,28 +503,20 @@ class _Download:
                 while len(ahead) < self.ahead and (nxt := next(ranges, None)):
                     ahead.append((nxt[0], asyncio.ensure_future(self._read(obj, *nxt))))
                 if not ahead:
-                    break
+                    return hasher.hexdigest()
                 offset, pending = ahead.popleft()
                 data = await pending
-                if inline:
-                    _write_and_hash(fd, offset, data, hasher)
-                else:
-                    await self._in(self._writers, _write_and_hash, fd, offset, data, hasher)
+                await self._in(self._writers, _write_and_hash, fd, offset, data, hasher)
                 written += len(data)
                 self.meter.add(len(data))
-        except _Retry as exc:
+        except _Retry:
             self.meter.add(-written)
-            return str(exc)
+            raise
         finally:
             for _, pending in ahead:
                 pending.cancel()
             await asyncio.gather(*(p for _, p in ahead), return_exceptions=True)
             os.close(fd)
-        if hasher.hexdigest() != obj.sha256:
-            self.meter.add(-written)
-            return (f"{self.store.url_of(self.store.object_path(obj.sha256))} ({self._name(obj)}): "
-                    f"sha256 is {hasher.hexdigest()}, the manifest says {obj.sha256}")
-        return None
 
     async def _read(self, obj: _Object, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n); the last range asks for one byte more, to catch a grown object."""
@@ -569,6 +573,16 @@ def _create(path: str) -> int:
     if os.path.lexists(path):  # our own earlier attempt
         os.unlink(path)
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+def _write_file(path: str, data: bytes) -> str:
+    fd = _create(path)
+    try:
+        hasher = hashlib.sha256()
+        _write_and_hash(fd, 0, data, hasher)
+    finally:
+        os.close(fd)
+    return hasher.hexdigest()
 
 
 def _write_and_hash(fd: int, offset: int, data: bytes, hasher: Any) -> None:

@@ -5,12 +5,15 @@
 
 A fake-gcs-server (memory backend) sits behind aotc/testing/faultproxy.py (its own process, ``--latency``
 seconds added to every request). The artifact is published straight to the server; every measurement
-reads through the proxy:
+reads through the proxy. (b)-(d0) run interleaved ``--repeat`` times; each timed run reports its wall time
+and CPU seconds (this process, and the harness: server + proxy, which share this machine's cores):
 
   (a) naive      a sequential loop of gcsfs ``get_file``, one object at a time
   (b) gcsfs get  gcsfs' own ``get(recursive=True)`` of the objects (parallel, no verification)
   (c) raw read   the same objects read in parallel ranges, nothing written or hashed (the ceiling)
   (d) aotc       ``fetch_artifact``: parallel ranged reads, sha256 while streaming, atomic placement
+  (d0)           the same with sha256 replaced by a no-op inside this process (a measurement of what
+                 verifying costs; aotc itself has no such switch)
   (e) node cache ``fetch_artifact`` with a node cache: once cold (download + insert), then warm into a
                  second dest (a second pod on the node: nothing downloaded, objects hard-linked)
 """
@@ -23,13 +26,20 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import argparse
 import asyncio
+import hashlib
 import random
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -63,12 +73,83 @@ def start_proxy(upstream: str, latency: float) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{line[1]}"
 
 
-def timed(label: str, fn) -> float:
+@dataclass
+class Run:
+    wall: float
+    client_cpu: float  # this process: requests, hashing, writing
+    harness_cpu: float  # the fake GCS server and the latency proxy (a real store's CPU is elsewhere)
+
+    @property
+    def cpu_floor(self) -> float:
+        """The wall this run could not beat on this machine's cores: all its CPU spread perfectly."""
+        return (self.client_cpu + self.harness_cpu) / (os.cpu_count() or 1)
+
+
+def process_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def warm_memory(size: int) -> None:
+    """Touch and free ``size`` bytes so the pages every contender writes next are backed by the host.
+
+    Measured on this project's VMs (Firecracker, free-page reporting + DAMON): memory freed a few seconds
+    earlier goes back to the host, and writing 1 GB of new page cache into it costs 1.2-3 s of CPU instead of
+    ~0.25 s. A TPU host keeps its memory; without this, whichever contender writes first pays that toll.
+    """
+    buffer = bytearray(size)
+    buffer[::4096] = b"\1" * len(range(0, size, 4096))
+    del buffer
+
+
+def timed(label: str, fn, harness: list[int], memory: int = 0) -> Run:
+    if memory:
+        warm_memory(memory)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    harness_before = sum(process_cpu(pid) for pid in harness)
     started = time.perf_counter()
     fn()
-    seconds = time.perf_counter() - started
-    print(f"  {label:<34} {seconds:7.2f} s", flush=True)
-    return seconds
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    run = Run(wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+              sum(process_cpu(pid) for pid in harness) - harness_before)
+    print(f"  {label:<44} {wall:6.2f} s   CPU: client {run.client_cpu:5.2f} s, harness {run.harness_cpu:5.2f} s "
+          f"(floor {run.cpu_floor:5.2f} s)", flush=True)
+    return run
+
+
+@contextmanager
+def sha256_switched_off():
+    """Measurement only, never in aotc: what verifying costs, by the same fetch with a no-op digest."""
+    import aotc.fetch as fetch_module
+
+    class AnyDigest(str):
+        def __ne__(self, other: object) -> bool:
+            return False
+
+    class NoDigest:
+        def update(self, data: bytes) -> None:
+            pass
+
+        def hexdigest(self) -> str:
+            return AnyDigest()
+
+    real = fetch_module.hashlib
+    fetch_module.hashlib = SimpleNamespace(sha256=lambda *args: NoDigest())
+    try:
+        yield
+    finally:
+        fetch_module.hashlib = real
+
+
+def sha256_cpu(size: int) -> float:
+    """CPU seconds to sha256 ``size`` bytes on one core here (OpenSSL, SHA extensions when present)."""
+    block = os.urandom(16 * MB)
+    hasher, started = hashlib.sha256(), time.process_time()
+    for _ in range(max(1, size // len(block))):
+        hasher.update(block)
+    return time.process_time() - started
 
 
 def naive(store: Store, manifest: Manifest, out: Path) -> None:
@@ -109,7 +190,9 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.03, help="seconds the proxy adds per request")
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
     parser.add_argument("--chunk-mb", type=int, default=CHUNK_SIZE // MB)
-    parser.add_argument("--repeat", type=int, default=1, help="runs of (b), (c), (d); the best counts")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of (b)-(d); best and median shown")
+    parser.add_argument("--memory", choices=("warm", "as-is"), default="warm",
+                        help="warm: touch and free memory before each timed run (see warm_memory); as-is: don't")
     parser.add_argument("--tmp", default=None, help="scratch dir (default: the system temp dir)")
     args = parser.parse_args()
     chunk = args.chunk_mb * MB
@@ -117,6 +200,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="aotc-bench-", dir=args.tmp))
     server = FakeGcs().start()
     proxy, proxy_url = start_proxy(server.url, args.latency)
+    harness = [server._proc.pid, proxy.pid]
     try:
         server.make_bucket("bench")
         url = "gs://bench/store"
@@ -125,43 +209,68 @@ def main() -> None:
         del files
         manifest = Manifest.load(art)
         total = manifest.total_size
+        memory = int(total * 1.5) if args.memory == "warm" else 0
         print(f"artifact: {len(manifest.files)} files, {total / 1e9:.2f} GB; proxy latency "
-              f"{args.latency * 1000:.0f} ms; workers {args.workers}, chunk {args.chunk_mb} MiB", flush=True)
+              f"{args.latency * 1000:.0f} ms; workers {args.workers}, chunk {args.chunk_mb} MiB; "
+              f"{os.cpu_count()} cores; memory {args.memory}", flush=True)
         publish_artifacts([str(art)], url, store=Store.from_url(url, endpoint_url=server.url, token="anon"))
         shutil.rmtree(art)
 
         def through_proxy() -> Store:
             return Store.from_url(url, endpoint_url=proxy_url, token="anon")
 
-        def fresh(name: str) -> Path:
+        def fresh(name: str) -> str:
             path = scratch / name
-            shutil.rmtree(path, ignore_errors=True)
-            return path
+            shutil.rmtree(path, ignore_errors=True)  # before the clock starts
+            return str(path)
 
-        results: dict[str, list[float]] = {k: [] for k in "abcd"}
-        results["a"].append(timed("(a) naive sequential get_file",
-                                  lambda: naive(through_proxy(), manifest, fresh("a"))))
-        shutil.rmtree(scratch / "a")
+        def aotc_fetch(dest: str, cache: NodeCache | None = None) -> Any:
+            return fetch_artifact(url, dest, fingerprint=manifest.fingerprint, workers=args.workers,
+                                  chunk_size=chunk, store=through_proxy(), cache=cache)
+
+        def unverified(dest: str) -> None:
+            with sha256_switched_off():
+                aotc_fetch(dest)
+
+        runs: dict[str, list[Run]] = {k: [] for k in ("a", "b", "c", "d", "d0")}
+        dest = fresh("a")
+        runs["a"].append(timed("(a) naive sequential get_file", lambda: naive(through_proxy(), manifest, Path(dest)),
+                               harness, memory))
         for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits all of them
-            results["b"].append(timed("(b) gcsfs get(recursive=True)",
-                                      lambda: gcsfs_get(through_proxy(), fresh("b"))))
-            shutil.rmtree(scratch / "b")
-            results["c"].append(timed("(c) raw parallel read, no write", lambda: raw_read(
-                through_proxy(), manifest, args.workers, chunk)))
-            results["d"].append(timed("(d) aotc fetch (sha256 + atomic)", lambda: fetch_artifact(
-                url, str(fresh("d")), fingerprint=manifest.fingerprint, workers=args.workers, chunk_size=chunk,
-                store=through_proxy())))
+            dest = fresh("b")
+            runs["b"].append(timed("(b) gcsfs get(recursive=True)", lambda: gcsfs_get(through_proxy(), Path(dest)),
+                                   harness, memory))
+            runs["c"].append(timed("(c) raw parallel read, no write", lambda: raw_read(
+                through_proxy(), manifest, args.workers, chunk), harness, memory))
+            dest = fresh("d")
+            runs["d"].append(timed("(d) aotc fetch (sha256 + atomic)", lambda: aotc_fetch(dest), harness, memory))
+            dest = fresh("d0")
+            runs["d0"].append(timed("(d0) aotc fetch, sha256 off (measurement)", lambda: unverified(dest), harness,
+                                    memory))
         cache = NodeCache(str(scratch / "node-cache"))
-        cold_cached = timed("(e) aotc fetch, node cache cold", lambda: fetch_artifact(
-            url, str(fresh("e1")), fingerprint=manifest.fingerprint, store=through_proxy(), cache=cache))
-        warm = []
-        warm_seconds = timed("(e) aotc fetch, node cache warm", lambda: warm.append(fetch_artifact(
-            url, str(fresh("e2")), fingerprint=manifest.fingerprint, store=through_proxy(), cache=cache)))
-        a, b, c, d = (min(results[k]) for k in "abcd")
-        if args.repeat > 1:
-            print(f"best of {args.repeat}: (b) {b:.2f} s, (c) {c:.2f} s, (d) {d:.2f} s")
+        dest = fresh("e1")
+        cold_cached = timed("(e) aotc fetch, node cache cold", lambda: aotc_fetch(dest, cache), harness, memory).wall
+        warm: list[Any] = []
+        dest = fresh("e2")
+        warm_seconds = timed("(e) aotc fetch, node cache warm", lambda: warm.append(aotc_fetch(dest, cache)),
+                             harness, memory).wall
+        best = {k: min(r.wall for r in v) for k, v in runs.items() if v}
+        median = {k: statistics.median(r.wall for r in v) for k, v in runs.items() if v}
+        a, b, c, d, d0 = (best[k] for k in ("a", "b", "c", "d", "d0"))
+        print(f"best of {args.repeat} (median): (b) {b:.2f} ({median['b']:.2f}) s, (c) {c:.2f} ({median['c']:.2f}) s, "
+              f"(d) {d:.2f} ({median['d']:.2f}) s, (d0) {d0:.2f} ({median['d0']:.2f}) s")
         print(f"aotc fetch: {total / d / 1e6:.0f} MB/s; {a / d:.1f}x naive (goal >= 5x); "
-              f"{b / d:.2f}x gcsfs get (goal > 1x); {c / d:.2f}x the raw read rate (goal >= 0.9x)")
+              f"{b / d:.2f}x gcsfs get (goal > 1x); {c / d:.2f}x the raw read rate (goal >= 0.9x); "
+              f"medians: {median['b'] / median['d']:.2f}x gcsfs, {median['c'] / median['d']:.2f}x raw")
+        mean = {k: Run(*(statistics.fmean(getattr(r, f) for r in v) for f in ("wall", "client_cpu", "harness_cpu")))
+                for k, v in runs.items() if v}
+        print(f"without sha256 (d0): {c / d0:.2f}x the raw read rate: writing, placing and the rest of fetch cost "
+              f"{mean['d0'].client_cpu - mean['c'].client_cpu:+.2f} CPU-s over the raw read; sha256 "
+              f"{mean['d'].client_cpu - mean['d0'].client_cpu:+.2f} CPU-s (one core hashes {total / 1e9:.2f} GB in "
+              f"{sha256_cpu(total):.2f} s here)")
+        print(f"CPU floor (all CPU of a run spread over {os.cpu_count()} cores, mean): (c) {mean['c'].cpu_floor:.2f} s, "
+              f"(d) {mean['d'].cpu_floor:.2f} s; the harness (fake GCS + proxy) takes "
+              f"{mean['d'].harness_cpu:.2f} of (d)'s {mean['d'].client_cpu + mean['d'].harness_cpu:.2f} CPU-s")
         print(f"node cache: warm fetch {warm_seconds:.2f} s = {warm_seconds / cold_cached:.1%} of the cold one "
               f"({cold_cached:.2f} s; goal <= 5%), {warm[0].downloaded_size} object bytes downloaded, "
               f"{warm[0].cached_objects}/{warm[0].objects} objects from the cache")

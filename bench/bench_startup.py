@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from aotc.matrix import Entry, load_matrix  # noqa: E402
 from aotc.server import serve_command  # noqa: E402
-from tests.helpers import stock_server  # noqa: E402
+from aotc.testing import stock_server  # noqa: E402
 
 DEMOS = {"vllm-tpu": (REPO / "configs" / "demo.yaml", "tiny-llama--len128-seqs8-tok64-tp1"),
          "tpu-inference": (REPO / "configs" / "demo-jax.yaml", "tiny-llama-jax--len128-seqs8-tok64-tp1")}

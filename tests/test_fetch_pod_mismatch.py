@@ -11,7 +11,7 @@ from aotc.fingerprint import fingerprint_entry
 from aotc.matrix import load_matrix
 
 from .conftest import CONFIGS, run_aotc
-from .helpers.artifacts import make_artifact
+from aotc.testing.artifacts import make_artifact
 
 DEMO = CONFIGS / "demo-jax.yaml"
 ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"

@@ -14,7 +14,7 @@ import pytest
 from aotc.matrix import load_matrix
 
 from .conftest import CONFIGS
-from .helpers import stock_server
+from aotc.testing import stock_server
 from .test_guard import DEMO_ENTRY, write_manifest
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from .conftest import CONFIGS
-from .helpers.artifacts import make_artifact
+from aotc.testing.artifacts import make_artifact
 
 HEAVY = ("torch", "torch_xla", "vllm", "jax", "transformers")
 

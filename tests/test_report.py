@@ -19,7 +19,7 @@ from aotc.publish import publish_artifacts
 from aotc.store import human_size
 
 from .conftest import run_aotc
-from .helpers.artifacts import make_artifact, random_files
+from aotc.testing.artifacts import make_artifact, random_files
 from .helpers.browser import Dom, dump_dom, screenshot
 from .helpers.builds import demo_entries, write_demo_build
 

@@ -10,7 +10,7 @@ from aotc.publish import publish_artifacts
 from aotc.reuse import Seed, seed_cache, settle
 from aotc.store import Store
 
-from .helpers.artifacts import make_artifact
+from aotc.testing.artifacts import make_artifact
 
 STACK = {"runner": "tpu-inference", "device": "cpu", "model": "tiny", "versions": {"jax": "0.11.2"},
          "xla_flags": [], "max_num_seqs": 8}

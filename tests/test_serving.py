@@ -16,7 +16,7 @@ from aotc.matrix import load_matrix
 from aotc.server import serve_command
 
 from .conftest import CONFIGS, REPO, run_aotc
-from .helpers.artifacts import make_artifact
+from aotc.testing.artifacts import make_artifact
 
 RECIPES = sorted((CONFIGS / "k8s").glob("*.yaml")) + sorted((CONFIGS / "ci").glob("*.yaml"))
 DEMO = CONFIGS / "demo.yaml"

@@ -1,1 +1,1 @@
-"""Test helpers shared by the store tests and the fetch benchmark (fake GCS, fault proxy, artifacts)."""
+"""Test-only helpers (browser, builds, canary, guard engine, publisher zygote); what bench/ shares is in aotc/testing/."""

@@ -14,7 +14,7 @@ from aotc.matrix import Entry, load_matrix
 from aotc.plan import plan_entry
 from aotc.server import Server, free_port, serve_command
 from tests.conftest import CONFIGS
-from tests.helpers import stock_server
+from aotc.testing import stock_server
 
 
 def write_manifest(cache, entry: Entry, environ) -> Manifest:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from aotc.store import ENV_STORE_ENDPOINT, Store
-from tests.helpers.artifacts import make_artifact, random_files
-from tests.helpers.faultproxy import FaultProxy
-from tests.helpers.gcs_server import FakeGcs
+from aotc.testing.artifacts import make_artifact, random_files
+from aotc.testing.faultproxy import FaultProxy
+from aotc.testing.gcs_server import FakeGcs
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ import pytest
 from aotc.manifest import Manifest
 from aotc.store import ENV_STORE_ENDPOINT, Store
 from tests.conftest import REPO, run_aotc
-from tests.helpers.artifacts import expected_dest, make_artifact, random_files, tree
+from aotc.testing.artifacts import expected_dest, make_artifact, random_files, tree
 from tests.store.conftest import new_bucket
 
 QUIET = {"AOTC_NO_PROGRESS": "1"}

@@ -13,7 +13,7 @@ from aotc.manifest import Manifest
 from aotc.matrix import load_matrix
 from aotc.store import ENV_STORE, Store, resolve_store_url
 from tests.conftest import CONFIGS, run_aotc
-from tests.helpers.artifacts import expected_dest, random_files, tree
+from aotc.testing.artifacts import expected_dest, random_files, tree
 
 DEMO = CONFIGS / "demo.yaml"
 

@@ -13,7 +13,7 @@ from aotc.fetch import fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import ALREADY, OTHER_WON, PUBLISHED, publish_artifacts
 from aotc.store import Store
-from tests.helpers.artifacts import expected_dest, random_files, tree
+from aotc.testing.artifacts import expected_dest, random_files, tree
 
 
 def fingerprint_of(artifact: Path) -> str:

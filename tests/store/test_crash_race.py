@@ -17,7 +17,7 @@ from aotc.fetch import fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import ALREADY, OTHER_WON, PUBLISHED, publish_artifacts
 from aotc.store import ENV_STORE_ENDPOINT, Store
-from tests.helpers.artifacts import expected_dest, random_files, tree
+from aotc.testing.artifacts import expected_dest, random_files, tree
 from tests.store.conftest import new_bucket
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from aotc.fetch import fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import PUBLISHED, publish_artifacts
 from aotc.store import Store
-from tests.helpers.artifacts import expected_dest, random_files, tree
+from aotc.testing.artifacts import expected_dest, random_files, tree
 from tests.store.conftest import new_bucket
 
 DOWNLOAD = "/download/storage/v1/"
