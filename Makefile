@@ -65,14 +65,16 @@ build-cache: env $(if $(shell grep -l 'runner: *tpu-inference' $(DEMO) 2>/dev/nu
 	@for dir in $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))); do \
 	  $(BIN)/aotc verify $$dir || exit 1; done
 	$(BIN)/aotc publish $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))) --store $(STORE)
-	$(BIN)/aotc report $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))) --out $(ARTIFACTS)/report.html
 	$(BIN)/aotc ls --store $(STORE)
-	@for demo in $(DEMO); do for dir in $(ARTIFACTS)/$$(basename $$demo .yaml)/*/; do \
+	@failed=0; for demo in $(DEMO); do for dir in $(ARTIFACTS)/$$(basename $$demo .yaml)/*/; do \
 	  $(BIN)/aotc canary $$demo --entry $$(basename $$dir) --store $(STORE) --requests $(CANARY_REQUESTS) --json \
-	    > $${dir%/}.canary.json; rc=$$?; \
-	  $(BIN)/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["verdict"])' $${dir%/}.canary.json || exit 1; \
-	  [ $$rc -eq 0 ] || exit $$rc; \
-	done; done
+	    > $${dir%/}.canary.json || failed=$$?; \
+	  $(BIN)/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["verdict"])' $${dir%/}.canary.json \
+	    || failed=1; \
+	done; done; \
+	$(BIN)/aotc report $(addsuffix /*/,$(addprefix $(ARTIFACTS)/,$(basename $(notdir $(DEMO))))) \
+	  --out $(ARTIFACTS)/report.html; \
+	exit $$failed
 	@echo "fetch in a pod: aotc fetch --config <demo> --entry <name> --dest \$$VLLM_XLA_CACHE_PATH --store $(STORE)"
 
 test: env env-jax

@@ -26,6 +26,7 @@ from aotc.store import GcStrategy, Store, StoreInfo, human_size
 
 STARTUP, RUNTIME = "startup", "runtime"  # the manifest's families beyond the plan (DESIGN.md)
 CANARY_FIGURES = ("requests", "compiles_at_startup", "compiles_after_ready", "ready_seconds")
+CANARY_SUFFIX = ".canary.json"  # beside an artifact dir: `aotc canary --json` saved by make build-cache
 TOP_GRAPHS = 60  # compile-seconds bars drawn; the rest are summed in one line
 MAX_GC_ROWS = 500
 
@@ -59,15 +60,11 @@ class EntryView:
     manifest: Manifest
     cells: dict[str, Cell]
     plan_note: str | None = None  # why the plan could not be recomputed
+    canary: dict[str, Any] | None = None  # see ``canary_of``
 
     @property
     def name(self) -> str:
         return self.manifest.entry
-
-    @property
-    def canary(self) -> dict[str, Any] | None:
-        canary = self.manifest.extra.get("canary")
-        return canary if isinstance(canary, dict) else None
 
 
 @dataclass(frozen=True)
@@ -99,7 +96,24 @@ def _entry_view(artifact_dir: Path) -> EntryView:
         note = None
     except (BadInput, TypeError, ValueError) as exc:  # an old manifest, or a runner this aotc lacks
         plan, note = None, f"plan unavailable: {exc}"
-    return EntryView(str(artifact_dir), manifest, entry_cells(manifest.graphs, plan), note)
+    return EntryView(str(artifact_dir), manifest, entry_cells(manifest.graphs, plan), note,
+                     canary_of(artifact_dir, manifest))
+
+
+def canary_of(artifact_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
+    """The canary's figures for this artifact: ``<artifact dir>.canary.json`` beside it (what
+    ``aotc canary --json`` printed, as `make build-cache` saves it) when it names the same entry and
+    fingerprint, else the manifest's own optional ``canary`` object."""
+    beside = artifact_dir.parent / f"{artifact_dir.name}{CANARY_SUFFIX}"
+    try:
+        result = json.loads(beside.read_text())
+    except (OSError, ValueError):
+        result = None
+    if isinstance(result, dict) and (result.get("entry"), result.get("fingerprint")) == \
+            (manifest.entry, manifest.fingerprint):
+        return {k: result[k] for k in (*CANARY_FIGURES, "verdict") if k in result}
+    canary = manifest.extra.get("canary")
+    return canary if isinstance(canary, dict) else None
 
 
 def entry_cells(graphs: tuple[GraphRecord, ...], plan: BuildPlan | None) -> dict[str, Cell]:

@@ -138,3 +138,24 @@ def test_ci_uploads_the_reports_beside_the_publish_outputs():
     upload = job["steps"][report + 1]
     assert upload["uses"].startswith("actions/upload-artifact") and "report" in upload["with"]["path"]
     assert "publish.json" in runs[report]
+
+
+def test_a_canary_saved_beside_the_artifact_is_its_canary_and_another_fingerprints_is_not(tmp_path):
+    """What `make build-cache` leaves: ``aotc canary --json > <artifact dir>.canary.json``."""
+    from aotc.canary import CanaryResult
+    from aotc.manifest import Manifest
+    from aotc.report import build_report
+
+    artifact = make_artifact(tmp_path / "art", entry="model-a--len2048-tp1")
+    manifest = Manifest.load(artifact)
+    beside = artifact.parent / f"{artifact.name}.canary.json"
+    result = CanaryResult(entry=manifest.entry, runner="vllm-tpu", fingerprint=manifest.fingerprint, loadable=True,
+                          requests=510, ready_seconds=33.0)
+    beside.write_text(json.dumps(result.to_dict()))
+    canary = build_report([artifact]).entries[0].canary
+    assert canary == {"requests": 510, "compiles_at_startup": 0, "compiles_after_ready": 0, "ready_seconds": 33.0,
+                      "verdict": result.verdict}
+    beside.write_text(json.dumps({**result.to_dict(), "fingerprint": "0" * 64}))
+    assert build_report([artifact]).entries[0].canary is None
+    beside.write_text("{not json")
+    assert build_report([artifact]).entries[0].canary is None
