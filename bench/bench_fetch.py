@@ -91,21 +91,25 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def warm_memory(size: int) -> None:
-    """Touch and free ``size`` bytes so the pages every contender writes next are backed by the host.
+def warm_memory(size: int, where: Path) -> None:
+    """Write and delete a ``size``-byte file in ``where`` so every contender writes into memory the host backs.
 
-    Measured on this project's VMs (Firecracker, free-page reporting + DAMON): memory freed a few seconds
-    earlier goes back to the host, and writing 1 GB of new page cache into it costs 1.2-3 s of CPU instead of
-    ~0.25 s. A TPU host keeps its memory; without this, whichever contender writes first pays that toll.
+    Measured on this project's VMs (Firecracker, free-page reporting + DAMON): memory idle for a few seconds
+    goes back to the host, and writing 1.1 GB of new page cache into it costs 1.2-3 s of CPU instead of
+    ~0.3 s; page cache freed just before is reused at the low cost (touching anonymous memory instead
+    helped only partly). A TPU host keeps its memory; without this, each run pays a different toll.
     """
-    buffer = bytearray(size)
-    buffer[::4096] = b"\1" * len(range(0, size, 4096))
-    del buffer
+    block = bytes(16 * MB)
+    path = where / ".warm-memory"
+    with open(path, "wb") as f:
+        for _ in range(max(1, size // len(block))):
+            f.write(block)
+    path.unlink()
 
 
-def timed(label: str, fn, harness: list[int], memory: int = 0) -> Run:
-    if memory:
-        warm_memory(memory)
+def timed(label: str, fn, harness: list[int], prepare=None) -> Run:
+    if prepare is not None:
+        prepare()
     before = resource.getrusage(resource.RUSAGE_SELF)
     harness_before = sum(process_cpu(pid) for pid in harness)
     started = time.perf_counter()
@@ -192,7 +196,7 @@ def main() -> None:
     parser.add_argument("--chunk-mb", type=int, default=CHUNK_SIZE // MB)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of (b)-(d); best and median shown")
     parser.add_argument("--memory", choices=("warm", "as-is"), default="warm",
-                        help="warm: touch and free memory before each timed run (see warm_memory); as-is: don't")
+                        help="warm: write and delete a file before each timed run (see warm_memory); as-is: don't")
     parser.add_argument("--tmp", default=None, help="scratch dir (default: the system temp dir)")
     args = parser.parse_args()
     chunk = args.chunk_mb * MB
@@ -209,7 +213,7 @@ def main() -> None:
         del files
         manifest = Manifest.load(art)
         total = manifest.total_size
-        memory = int(total * 1.5) if args.memory == "warm" else 0
+        prepare = (lambda: warm_memory(int(total * 1.5), scratch)) if args.memory == "warm" else None
         print(f"artifact: {len(manifest.files)} files, {total / 1e9:.2f} GB; proxy latency "
               f"{args.latency * 1000:.0f} ms; workers {args.workers}, chunk {args.chunk_mb} MiB; "
               f"{os.cpu_count()} cores; memory {args.memory}", flush=True)
@@ -235,25 +239,25 @@ def main() -> None:
         runs: dict[str, list[Run]] = {k: [] for k in ("a", "b", "c", "d", "d0")}
         dest = fresh("a")
         runs["a"].append(timed("(a) naive sequential get_file", lambda: naive(through_proxy(), manifest, Path(dest)),
-                               harness, memory))
+                               harness, prepare))
         for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits all of them
             dest = fresh("b")
             runs["b"].append(timed("(b) gcsfs get(recursive=True)", lambda: gcsfs_get(through_proxy(), Path(dest)),
-                                   harness, memory))
+                                   harness, prepare))
             runs["c"].append(timed("(c) raw parallel read, no write", lambda: raw_read(
-                through_proxy(), manifest, args.workers, chunk), harness, memory))
+                through_proxy(), manifest, args.workers, chunk), harness, prepare))
             dest = fresh("d")
-            runs["d"].append(timed("(d) aotc fetch (sha256 + atomic)", lambda: aotc_fetch(dest), harness, memory))
+            runs["d"].append(timed("(d) aotc fetch (sha256 + atomic)", lambda: aotc_fetch(dest), harness, prepare))
             dest = fresh("d0")
             runs["d0"].append(timed("(d0) aotc fetch, sha256 off (measurement)", lambda: unverified(dest), harness,
-                                    memory))
+                                    prepare))
         cache = NodeCache(str(scratch / "node-cache"))
         dest = fresh("e1")
-        cold_cached = timed("(e) aotc fetch, node cache cold", lambda: aotc_fetch(dest, cache), harness, memory).wall
+        cold_cached = timed("(e) aotc fetch, node cache cold", lambda: aotc_fetch(dest, cache), harness, prepare).wall
         warm: list[Any] = []
         dest = fresh("e2")
         warm_seconds = timed("(e) aotc fetch, node cache warm", lambda: warm.append(aotc_fetch(dest, cache)),
-                             harness, memory).wall
+                             harness, prepare).wall
         best = {k: min(r.wall for r in v) for k, v in runs.items() if v}
         median = {k: statistics.median(r.wall for r in v) for k, v in runs.items() if v}
         a, b, c, d, d0 = (best[k] for k in ("a", "b", "c", "d", "d0"))
@@ -268,8 +272,8 @@ def main() -> None:
               f"{mean['d0'].client_cpu - mean['c'].client_cpu:+.2f} CPU-s over the raw read; sha256 "
               f"{mean['d'].client_cpu - mean['d0'].client_cpu:+.2f} CPU-s (one core hashes {total / 1e9:.2f} GB in "
               f"{sha256_cpu(total):.2f} s here)")
-        print(f"CPU floor (all CPU of a run spread over {os.cpu_count()} cores, mean): (c) {mean['c'].cpu_floor:.2f} s, "
-              f"(d) {mean['d'].cpu_floor:.2f} s; the harness (fake GCS + proxy) takes "
+        print(f"CPU floor (all CPU of a run spread over {os.cpu_count()} cores, mean): "
+              f"(c) {mean['c'].cpu_floor:.2f} s, (d) {mean['d'].cpu_floor:.2f} s; the harness (fake GCS + proxy) takes "
               f"{mean['d'].harness_cpu:.2f} of (d)'s {mean['d'].client_cpu + mean['d'].harness_cpu:.2f} CPU-s")
         print(f"node cache: warm fetch {warm_seconds:.2f} s = {warm_seconds / cold_cached:.1%} of the cold one "
               f"({cold_cached:.2f} s; goal <= 5%), {warm[0].downloaded_size} object bytes downloaded, "
