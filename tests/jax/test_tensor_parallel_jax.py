@@ -58,3 +58,13 @@ def test_tp4_entry_builds_and_verifies_with_collectives(jax_env, tmp_path):
     backbone = next(g for g in manifest["graphs"] if g["family"] == "backbone")["keys"]
     # the model's row-parallel layers sum their partial results across the 4 ranks
     assert all("all-reduce" in collectives[k] for k in backbone), {k: collectives.get(k) for k in backbone}
+
+
+def test_the_twins_device_flag_joins_the_environment_it_is_given_not_this_process(monkeypatch, tmp_path):
+    from aotc.runners.tpu_inference.engine import runtime_env
+
+    monkeypatch.setenv("XLA_FLAGS", "--from_this_process")
+    entry = parse_matrix(matrix_text(4)).entries[0].to_dict()
+    flags = runtime_env(entry, str(tmp_path), environ={"XLA_FLAGS": "--from_the_launch"})["XLA_FLAGS"].split()
+    assert "--xla_force_host_platform_device_count=4" in flags and "--from_the_launch" in flags
+    assert "--from_this_process" not in flags

@@ -25,8 +25,9 @@ PERSIST_EVERYTHING = {
 }
 
 
-def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
-    """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset."""
+def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
+    """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset. ``environ`` is
+    the environment the server starts from (default: this process's)."""
     env: dict[str, str | None] = {
         "VLLM_XLA_CACHE_PATH": cache_dir,
         # From process start, not only once tpu-inference's compilation manager starts: the first few
@@ -40,7 +41,7 @@ def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     if entry.get("model_path"):
         env["HF_HUB_OFFLINE"] = "1"
     if entry["device"] == "cpu":
-        env.update(twin_device_flags(entry))
+        env.update(twin_device_flags(entry, environ))
         env.update({
             TWIN_FLAG: "1",
             "JAX_PLATFORMS": "cpu",
@@ -67,7 +68,7 @@ def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     so this process starts with the API server's copy and adds the engine core's when it imports.
     """
     environ = os.environ if environ is None else environ
-    env = serving_env(entry, cache_dir)
+    env = serving_env(entry, cache_dir, environ)
     env.update({
         # In-process engine: one process to measure, and the runner's jits are reachable from here.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -87,14 +88,14 @@ def api_server_flags(environ) -> dict[str, str]:
     return {var: " ".join(flags) + " " + environ.get(var, "") for var, flags in SPEC.implied_flags.items()}
 
 
-def twin_device_flags(entry: dict[str, Any]) -> dict[str, str]:
+def twin_device_flags(entry: dict[str, Any], environ=None) -> dict[str, str]:
     """XLA_FLAGS with the twin's virtual devices for a tp > 1 entry (buckets.implied_flags), kept first so
     the launch's own flags still follow; read when JAX's CPU client starts, after this is set."""
     from aotc.matrix import Entry
 
     from .buckets import implied_flags
 
-    current = os.environ.get("XLA_FLAGS", "").split()
+    current = (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
     added = [f for f in implied_flags(Entry.from_dict(entry)).get("XLA_FLAGS", ()) if f not in current]
     return {"XLA_FLAGS": " ".join(added + current)} if added else {}
 
