@@ -136,7 +136,7 @@ def print_incremental(result: dict) -> dict:
     summary = {}
     for kind, runs in result["runs"].items():
         walls = [wall for wall, _ in runs]
-        phases = {name: statistics.median(e["phases"][name] for _, e in runs) for name in runs[0][1]["phases"]}
+        phases = {name: round(statistics.median(e["phases"][name] for _, e in runs), 2) for name in runs[0][1]["phases"]}
         last = runs[-1][1]
         summary[kind] = {"median_s": round(statistics.median(walls), 1), "best_s": round(min(walls), 1),
                          "walls": [round(w, 1) for w in walls], "phases_median_s": phases,

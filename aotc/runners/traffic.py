@@ -2,13 +2,12 @@
 
 A runner's warm-up does not compile everything a live server hits (e.g. a batch mixing greedy and
 random requests, or logprobs on a sampled token), so build and verify both drive a sweep: a coverage
-set (every request bucket × greedy+random mix × logprobs, plus a request count between buckets; for a
-runner that names its token buckets, one scheduler step at every reachable request bucket × token
-bucket pair, ± prompt logprobs), then random batches — sizes up to max_num_seqs, prompts up to
-max_model_len minus room for output, temperature, top_p, top_k, min_p and logprobs drawn per request.
-The runner supplies its buckets; `prompt_logprobs` adds prompt-logprob requests for backends that
-support them.
-"""
+set (every request bucket × greedy+random mix × logprobs, plus a request count between buckets), then
+random batches — sizes up to max_num_seqs, prompts up to max_model_len minus room for output,
+temperature, top_p, top_k, min_p and logprobs drawn per request — then, for a runner that names its token
+buckets, the step grid: one scheduler step at every reachable request bucket × token bucket pair,
+± prompt logprobs. The runner supplies its buckets; `prompt_logprobs` adds prompt-logprob requests for
+backends that support them."""
 
 from __future__ import annotations
 
