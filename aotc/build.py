@@ -56,6 +56,8 @@ class EntryBuild:
     """Cache files this build compiled; None where the runner's cache does not load (no reuse counted)."""
     reused: int | None = None
     """Cache files found seeded from the store's compatible artifacts (aotc/reuse.py)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Where the wall went (build_phases); empty for a failed build."""
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__ | {"problems": list(self.problems)}
@@ -130,10 +132,12 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
     try:
         seeded = seed_cache(store, fingerprint_entry(entry, runner_env(entry)).inputs, staging / CACHE_DIR_NAME) \
             if store is not None and loads else Seed()
+        seeded_at = time.perf_counter()
         result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
                             precompile_workers=precompile_workers,
                             on_progress=lambda family, seconds: family in planned_families
                             and events.family(entry.name, family, seconds))
+        ran_at = time.perf_counter()
         graphs, problems = plan_coverage(plan, result)
         reuse = settle(seeded, staging / CACHE_DIR_NAME, result) if loads else None
         options = {"precompile_workers": precompile_workers} if precompile_workers else {}
@@ -145,16 +149,29 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
             report = _failed(entry, plan, start, result.error or problems[0], staging, problems)
         else:
             replace_dir(str(staging), str(final))
+            done = time.perf_counter()
             report = EntryBuild(
                 entry=entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
                 graphs_with_keys=sum(1 for g in graphs if g.keys), runtime_graphs=len(result.runtime),
-                files=len(manifest.files), size=manifest.total_size, wall_seconds=time.perf_counter() - start,
+                files=len(manifest.files), size=manifest.total_size, wall_seconds=done - start,
                 compile_seconds=result.xla_compile_seconds, log=str(final / LOG_NAME),
-                compiled=reuse.compiled if reuse else None, reused=reuse.reused if reuse else None)
+                compiled=reuse.compiled if reuse else None, reused=reuse.reused if reuse else None,
+                phases=build_phases(seeded_at - start, ran_at - seeded_at, done - ran_at, result))
     except RunnerFailed as exc:
         report = _failed(entry, plan, start, str(exc), staging)
     events.finished(report)
     return report
+
+
+def build_phases(seed: float, runner: float, finish: float, result: BuildResult) -> dict[str, float]:
+    """Wall seconds by phase: ``seed`` (planning the staging dir and seeding it from the store), the runner
+    process as ``runner_start`` (interpreter, the stack's imports, writing the result: what the runner's
+    own phases leave), ``engine`` (the stack's start-up and warm-up) and ``traffic`` (the sweep), then
+    ``finish`` (counting reuse, hashing files, the manifest, the swap into place)."""
+    engine, traffic = result.engine_start_seconds or 0.0, result.traffic_seconds or 0.0
+    phases = {"seed": seed, "runner_start": runner - engine - traffic, "engine": engine, "traffic": traffic,
+              "finish": finish}
+    return {name: round(seconds, 2) for name, seconds in phases.items()}
 
 
 def _failed(entry: Entry, plan: BuildPlan, start: float, error: str, staging: Path,
@@ -290,6 +307,7 @@ def make_manifest(plan: BuildPlan, artifact_dir: Path, result: BuildResult, plan
         runner=entry.runner, device=entry.device, files=file_records(artifact_dir / CACHE_DIR_NAME), graphs=graphs,
         extra={"build": {"entry": entry.to_dict(), "planned": len(plan.graphs), **build_options,
                          "engine_start_seconds": result.engine_start_seconds,
+                         "traffic_seconds": result.traffic_seconds,
                          "xla_compile_seconds": result.xla_compile_seconds}},
     )
 

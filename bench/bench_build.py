@@ -6,9 +6,15 @@ its warm-up, stop it, and copy the directory. aotc: `aotc build` of the entry (w
 manifest), from scratch (no store reuse). Reported per entry and for the whole matrix (aim <= 1.3x), then
 tpu-inference's parallel precompile (NUM_PRECOMPILE_WORKERS, `--precompile-workers`) on against off, and
 with `--jobs-scaling` two vllm-tpu entries at `--jobs 2` against `--jobs 1`.
+Incremental (the issue's must-show): the JAX demo is built and published to a fresh local store, one
+max_num_seqs value is added, and the new entry is built by the same `aotc build` command with the store
+(incremental) and with `--no-reuse` (from scratch), interleaved (ABBA), `--rounds` each: process walls
+(median and best), the phases of each (EntryBuild.phases), compiled/reused, verify of the incremental
+artifact, and whether both hold the same cache files.
 Figures from one run, side by side; nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_build.py   # make bench
+    ... bench/bench_build.py --incremental-only --rounds 3
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 from aotc.build import build_matrix
 from aotc.fingerprint import runner_python
@@ -78,16 +87,92 @@ def aotc_build(config: Path, names: list[str] | None, traffic: int, workers: int
     return wall, report
 
 
+def cli(*args) -> tuple[float, dict]:
+    """``aotc ARGS --json`` as a user runs it: (process wall, its JSON)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args), "--json"], cwd=REPO, text=True,
+                          capture_output=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"aotc {args[0]} failed: {proc.stderr[-3000:]}")
+    return wall, json.loads(proc.stdout)
+
+
+def with_seqs(config: Path, added: int, work: Path) -> tuple[Path, str, str]:
+    """The demo config with one max_num_seqs value added (model path made absolute): (config, old, new entry)."""
+    matrix = load_matrix(config)
+    data = yaml.safe_load(config.read_text())
+    model = data["models"][0]
+    model["model"] = matrix.entries[0].model_path or model["model"]
+    model["matrix"]["max_num_seqs"] = [*model["matrix"]["max_num_seqs"], added]
+    out = work / "added.yaml"
+    out.write_text(yaml.safe_dump(data))
+    entries = load_matrix(out).entries
+    return out, entries[0].name, next(e.name for e in entries if e.max_num_seqs == added)
+
+
+def incremental(config: Path, added: int, rounds: int, traffic: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="aotc-bench-inc-") as tmp:
+        work = Path(tmp)
+        grown, old, new = with_seqs(config, added, work)
+        store = work / "store"
+        _, base = cli("build", grown, "--entry", old, "--out", work / "base", "--no-reuse", "--traffic", traffic)
+        cli("publish", base["entries"][0]["artifact_dir"], "--store", store)
+        runs: dict[str, list[tuple[float, dict]]] = {"incremental": [], "scratch": []}
+        for i in range(rounds):
+            for kind in (("incremental", "scratch") if i % 2 == 0 else ("scratch", "incremental")):
+                reuse = ["--store", store] if kind == "incremental" else ["--no-reuse"]
+                wall, report = cli("build", grown, "--entry", new, "--out", work / f"{kind}-{i}", "--traffic",
+                                   traffic, *reuse)
+                runs[kind].append((wall, report["entries"][0]))
+        inc_dir, scratch_dir = (Path(runs[k][-1][1]["artifact_dir"]) / "cache" for k in ("incremental", "scratch"))
+        same_files = sorted(os.listdir(inc_dir)) == sorted(os.listdir(scratch_dir))
+        _, verified = cli("verify", inc_dir.parent)
+    return {"entry": new, "rounds": rounds, "runs": runs, "same_files": same_files, "verify_misses": verified["misses"],
+            "loadable": verified["loadable"]}
+
+
+def print_incremental(result: dict) -> dict:
+    summary = {}
+    for kind, runs in result["runs"].items():
+        walls = [wall for wall, _ in runs]
+        phases = {name: round(statistics.median(e["phases"][name] for _, e in runs), 2) for name in runs[0][1]["phases"]}
+        last = runs[-1][1]
+        summary[kind] = {"median_s": round(statistics.median(walls), 1), "best_s": round(min(walls), 1),
+                         "walls": [round(w, 1) for w in walls], "phases_median_s": phases,
+                         "xla_compile_s": round(statistics.median(e["compile_seconds"] for _, e in runs), 1),
+                         "compiled": last["compiled"], "reused": last["reused"]}
+        print(f"{result['entry']} {kind}: wall median {summary[kind]['median_s']}s best {summary[kind]['best_s']}s "
+              f"(runs {summary[kind]['walls']}), {last['compiled']} compiled, {last['reused']} reused, XLA compile "
+              f"{summary[kind]['xla_compile_s']}s, phases (median s) {phases}")
+    inc, scratch = summary["incremental"], summary["scratch"]
+    summary["ratio_median"] = round(inc["median_s"] / scratch["median_s"], 2)
+    summary["ratio_best"] = round(inc["best_s"] / scratch["best_s"], 2)
+    print(f"incremental vs from scratch (--no-reuse), same command, {result['rounds']} interleaved rounds each: "
+          f"median {summary['ratio_median']}x, best {summary['ratio_best']}x  (aim <= 0.5x); incremental verify "
+          f"{result['verify_misses']} misses, loadable {result['loadable']}; same cache files as from scratch: "
+          f"{result['same_files']}")
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", type=Path, default=HERE / "jax-entries.yaml")
     parser.add_argument("--traffic", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2, help="parallel precompile workers for the on figure")
     parser.add_argument("--jobs-scaling", action="store_true", help="also --jobs 2 vs --jobs 1 (bench/two-entries.yaml)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the incremental figure")
+    parser.add_argument("--add-seqs", type=int, default=4, help="the max_num_seqs value the incremental figure adds")
+    parser.add_argument("--incremental-only", action="store_true", help="only the incremental vs from-scratch figure")
     parser.add_argument("--stock", metavar="CACHE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stock:
         return stock_child(args.stock)
+    demo = REPO / "configs" / "demo-jax.yaml"
+    if args.incremental_only:
+        print(json.dumps({"incremental": print_incremental(incremental(demo, args.add_seqs, args.rounds,
+                                                                        args.traffic))}))
+        return
 
     entries = load_matrix(args.config).entries
     baseline = {}
@@ -119,6 +204,7 @@ def main() -> None:
                                                   "aotc_cpu_s": round(matrix_cpu, 1), "stock_cpu_s": round(stock_cpu, 1)},
                       "parallel_precompile": {"workers": args.workers, "on_s": round(on.wall_seconds, 1),
                                               "off_s": round(off, 1)}}))
+    print(json.dumps({"incremental": print_incremental(incremental(demo, args.add_seqs, args.rounds, args.traffic))}))
     if args.jobs_scaling:
         one, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic)
         two, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic, jobs=2)

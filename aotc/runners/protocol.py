@@ -87,6 +87,8 @@ class BuildResult(_Strict):
     """Cache files written."""
     traffic_requests: int = 0
     engine_start_seconds: float | None = None
+    traffic_seconds: float | None = None
+    """Wall seconds of the traffic sweep (None: the runner does not time it)."""
     xla_compile_seconds: float = 0.0
     xla_flags: list[str] = []
     metrics: dict[str, Any] = {}

@@ -4,9 +4,10 @@ A runner's warm-up does not compile everything a live server hits (e.g. a batch 
 random requests, or logprobs on a sampled token), so build and verify both drive a sweep: a coverage
 set (every request bucket × greedy+random mix × logprobs, plus a request count between buckets), then
 random batches — sizes up to max_num_seqs, prompts up to max_model_len minus room for output,
-temperature, top_p, top_k, min_p and logprobs drawn per request. The runner supplies its request
-buckets; `prompt_logprobs` adds prompt-logprob requests for backends that support them.
-"""
+temperature, top_p, top_k, min_p and logprobs drawn per request — then, for a runner that names its token
+buckets, the step grid: one scheduler step at every reachable request bucket × token bucket pair,
+± prompt logprobs. The runner supplies its buckets; `prompt_logprobs` adds prompt-logprob requests for
+backends that support them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import random
 from typing import Any
 
 MAX_NEW_TOKENS = 12
+# A step-grid batch needs its first step (the prefill) and one decode step; more tokens add nothing to it.
+STEP_NEW_TOKENS = 2
 
 
 @dataclasses.dataclass
@@ -32,15 +35,20 @@ class Limits:
     # Token buckets to reach with prompt-logprob requests (which run every prompt position through the
     # sampler head); empty: no prompt logprobs.
     prompt_logprob_buckets: tuple[int, ...] = ()
+    # Token buckets of a runner whose per-step graphs (eager ops between its precompiled ones, e.g.
+    # tpu-inference's jit_split and the prompt-logprob row select) are shaped by the padded request count
+    # *and* the padded token count: the sweep then reaches every pair (step_shapes); empty: no grid.
+    token_buckets: tuple[int, ...] = ()
 
     @property
     def prompt_logprobs(self) -> bool:
         return bool(self.prompt_logprob_buckets)
 
     @classmethod
-    def of(cls, entry: dict[str, Any], request_buckets: list[int], prompt_logprob_buckets: list[int] = ()) -> Limits:
+    def of(cls, entry: dict[str, Any], request_buckets: list[int], prompt_logprob_buckets: list[int] = (),
+           token_buckets: list[int] = ()) -> Limits:
         return cls(entry["max_model_len"], entry["max_num_seqs"], entry["max_num_batched_tokens"],
-                   tuple(request_buckets), tuple(prompt_logprob_buckets))
+                   tuple(request_buckets), tuple(prompt_logprob_buckets), tuple(token_buckets))
 
 
 def _sampling(rng: random.Random, greedy: bool, logprobs: bool, prompt_logprobs: bool) -> dict[str, Any]:
@@ -77,6 +85,46 @@ def _batch(rng, size, vocab, max_prompt, greedy_of, logprobs_of, prompt_logprobs
     ]
 
 
+def step_shapes(limits: Limits) -> list[tuple[int, int]]:
+    """(requests, tokens) of one scheduler step per reachable (request bucket, token bucket) pair.
+
+    A step of n requests and t tokens pads to the smallest buckets >= n and >= t; every request holds at
+    least one of the step's tokens (t >= n), at most max_num_seqs run, t stays within the token budget and
+    each prompt leaves room for its output. For each pair this takes the most requests the pair allows
+    and as many tokens as the bucket, the budget and the prompts' room allow; a pair no step can pad to
+    (e.g. every n that pads to the request bucket exceeds the token bucket) is absent."""
+    shapes = []
+    requests, tokens = sorted(set(limits.request_buckets)), sorted(set(limits.token_buckets))
+    room = limits.max_model_len - STEP_NEW_TOKENS
+    for below, bucket in zip([0, *requests], requests):
+        fewest, most = below + 1, min(bucket, limits.max_num_seqs)
+        for under, token_bucket in zip([0, *tokens], tokens):
+            n = min(most, token_bucket)
+            t = min(token_bucket, limits.max_num_batched_tokens, n * room)
+            if n >= fewest and t > under and t >= n:
+                shapes.append((n, t))
+    return shapes
+
+
+def _step_batch(rng: random.Random, requests: int, tokens: int, vocab: int, prompt_logprobs: bool) -> list[Request]:
+    """``requests`` fresh prompts of ``tokens`` tokens in all: the engine schedules them as one prefill step
+    (within the budget, nothing else running), then one decode step."""
+    lengths = [tokens // requests + (i < tokens % requests) for i in range(requests)]
+    batch = []
+    for i, length in enumerate(lengths):
+        sampling = _sampling(rng, i % 2 == 0, False, prompt_logprobs and i == 0)
+        sampling["max_tokens"] = STEP_NEW_TOKENS
+        batch.append(Request([rng.randrange(3, vocab) for _ in range(length)], sampling))
+    return batch
+
+
+def step_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
+    """One batch per step_shapes pair, and one more with a prompt-logprob request where supported."""
+    return [_step_batch(rng, n, t, vocab, with_prompt_logprobs)
+            for n, t in step_shapes(limits)
+            for with_prompt_logprobs in (False, True)[:1 + limits.prompt_logprobs]]
+
+
 def coverage_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
     """Batches that reach each request bucket with mixed sampling, ± logprobs (± prompt logprobs)."""
     max_seqs = limits.max_num_seqs
@@ -106,11 +154,13 @@ def random_batch(rng: random.Random, limits: Limits, vocab: int) -> list[Request
 
 
 def plan_traffic(seed: int, requests: int, limits: Limits, vocab: int) -> list[list[Request]]:
+    """The coverage set, random batches until ``requests`` requests in all, then the step grid (extra:
+    its size follows from the buckets, so ``requests`` keeps buying the same random exploration)."""
     rng = random.Random(seed)
     batches = coverage_batches(rng, limits, vocab)
     while sum(map(len, batches)) < requests:
         batches.append(random_batch(rng, limits, vocab))
-    return batches
+    return batches + step_batches(rng, limits, vocab)
 
 
 def run_traffic(llm, batches: list[list[Request]]) -> int:

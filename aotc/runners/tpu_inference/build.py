@@ -5,6 +5,7 @@ then a traffic sweep adds what serving compiles beyond warm-up. The core judges 
 from __future__ import annotations
 
 import os
+import time
 
 from aotc.fingerprint import xla_flags
 from aotc.matrix import Entry
@@ -46,10 +47,13 @@ def run_build(request: Request) -> BuildResult:
                          engine_start_seconds=round(session.start_seconds, 3), xla_flags=effective_flags())
     if error := flag_error(launch_env, request.entry):
         return result.model_copy(update={"error": error})
+    started = time.perf_counter()
     sent = session.drive_traffic(request.seed, request.traffic)
+    traffic_seconds = time.perf_counter() - started
     recs = session.records()
     return result.model_copy(update={
         "traffic_requests": sent,
+        "traffic_seconds": round(traffic_seconds, 3),
         # every cache file looked up and found, every one written: the core counts reuse from these
         "cache_reads": sorted({k for r in recs for k in r["found"]}),
         "cache_writes": sorted({k for r in recs for k in r["written"]}),
