@@ -10,11 +10,13 @@ Incremental (the issue's must-show): the JAX demo is built and published to a fr
 max_num_seqs value is added, and the new entry is built by the same `aotc build` command with the store
 (incremental) and with `--no-reuse` (from scratch), interleaved (ABBA), `--rounds` each: process walls
 (median and best), the phases of each (EntryBuild.phases), compiled/reused, verify of the incremental
-artifact, and whether both hold the same cache files.
+artifact, and whether both hold the same cache files. `--layers N` runs that on the demo model made N
+layers deep (dummy weights): the tiny demo's build is mostly the stack's ~16 s of imports, a real model's
+is mostly compiling, and depth moves the demo toward the latter.
 Figures from one run, side by side; nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_build.py   # make bench
-    ... bench/bench_build.py --incremental-only --rounds 3
+    ... bench/bench_build.py --incremental-only --rounds 3 [--layers 64]
 """
 
 from __future__ import annotations
@@ -98,12 +100,27 @@ def cli(*args) -> tuple[float, dict]:
     return wall, json.loads(proc.stdout)
 
 
-def with_seqs(config: Path, added: int, work: Path) -> tuple[Path, str, str]:
-    """The demo config with one max_num_seqs value added (model path made absolute): (config, old, new entry)."""
+def deeper_model(source: str, layers: int, work: Path) -> str:
+    """The demo model with ``layers`` decoder layers (still dummy weights): XLA compile time grows with depth,
+    so the build's compile share approaches a real model's."""
+    target = work / f"{Path(source).name}-{layers}-layers"
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    return str(target)
+
+
+def with_seqs(config: Path, added: int, work: Path, layers: int | None = None) -> tuple[Path, str, str]:
+    """The demo config with one max_num_seqs value added (model path made absolute; ``layers`` deepens the
+    model): (config, old entry, new entry)."""
     matrix = load_matrix(config)
     data = yaml.safe_load(config.read_text())
     model = data["models"][0]
     model["model"] = matrix.entries[0].model_path or model["model"]
+    if layers:
+        model["model"] = deeper_model(model["model"], layers, work)
+        model["name"] = f"{model['name']}-{layers}l"
     model["matrix"]["max_num_seqs"] = [*model["matrix"]["max_num_seqs"], added]
     out = work / "added.yaml"
     out.write_text(yaml.safe_dump(data))
@@ -111,10 +128,10 @@ def with_seqs(config: Path, added: int, work: Path) -> tuple[Path, str, str]:
     return out, entries[0].name, next(e.name for e in entries if e.max_num_seqs == added)
 
 
-def incremental(config: Path, added: int, rounds: int, traffic: int) -> dict:
+def incremental(config: Path, added: int, rounds: int, traffic: int, layers: int | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="aotc-bench-inc-") as tmp:
         work = Path(tmp)
-        grown, old, new = with_seqs(config, added, work)
+        grown, old, new = with_seqs(config, added, work, layers)
         store = work / "store"
         _, base = cli("build", grown, "--entry", old, "--out", work / "base", "--no-reuse", "--traffic", traffic)
         cli("publish", base["entries"][0]["artifact_dir"], "--store", store)
@@ -164,6 +181,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the incremental figure")
     parser.add_argument("--add-seqs", type=int, default=4, help="the max_num_seqs value the incremental figure adds")
     parser.add_argument("--incremental-only", action="store_true", help="only the incremental vs from-scratch figure")
+    parser.add_argument("--layers", type=int, help="incremental figure on the demo model made this deep (e.g. 64)")
     parser.add_argument("--stock", metavar="CACHE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stock:
@@ -171,7 +189,7 @@ def main() -> None:
     demo = REPO / "configs" / "demo-jax.yaml"
     if args.incremental_only:
         print(json.dumps({"incremental": print_incremental(incremental(demo, args.add_seqs, args.rounds,
-                                                                        args.traffic))}))
+                                                                        args.traffic, args.layers))}))
         return
 
     entries = load_matrix(args.config).entries
