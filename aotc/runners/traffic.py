@@ -73,9 +73,13 @@ def _sampling(rng: random.Random, greedy: bool, logprobs: bool, prompt_logprobs:
     return params
 
 
-def _prompt(rng: random.Random, vocab: int, max_len: int) -> list[int]:
+def _tokens(rng: random.Random, vocab: int, length: int) -> list[int]:
     # Ids 0..2 are pad/bos/eos in the demo config; avoid special handling.
-    return [rng.randrange(3, vocab) for _ in range(rng.randint(1, max(1, max_len)))]
+    return [rng.randrange(3, vocab) for _ in range(length)]
+
+
+def _prompt(rng: random.Random, vocab: int, max_len: int) -> list[int]:
+    return _tokens(rng, vocab, rng.randint(1, max(1, max_len)))
 
 
 def _batch(rng, size, vocab, max_prompt, greedy_of, logprobs_of, prompt_logprobs_of=lambda i: False) -> list[Request]:
@@ -114,7 +118,7 @@ def _step_batch(rng: random.Random, requests: int, tokens: int, vocab: int, prom
     for i, length in enumerate(lengths):
         sampling = _sampling(rng, i % 2 == 0, False, prompt_logprobs and i == 0)
         sampling["max_tokens"] = STEP_NEW_TOKENS
-        batch.append(Request([rng.randrange(3, vocab) for _ in range(length)], sampling))
+        batch.append(Request(_tokens(rng, vocab, length), sampling))
     return batch
 
 
@@ -139,8 +143,7 @@ def coverage_batches(rng: random.Random, limits: Limits, vocab: int) -> list[lis
                                   lambda i: logprobs and limits.prompt_logprobs and i == 1))
     longest = limits.max_model_len - MAX_NEW_TOKENS - 1
     for bucket in limits.prompt_logprob_buckets:
-        prompt = [rng.randrange(3, vocab) for _ in range(max(1, min(bucket, longest)))]
-        batches.append([Request(prompt, _sampling(rng, True, False, True))])
+        batches.append([Request(_tokens(rng, vocab, max(1, min(bucket, longest))), _sampling(rng, True, False, True))])
     return batches
 
 

@@ -39,7 +39,8 @@ class Session:
 
     def drive_traffic(self, seed: int, requests: int) -> int:
         p = buckets.paddings_for(self.entry)
-        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"], token_buckets=p["tokens"])
+        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"],
+                                   token_buckets=p["tokens"])
         batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
         return traffic.run_traffic(self.llm, batches)
 
