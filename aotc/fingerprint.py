@@ -8,6 +8,7 @@ change any one input and the digest changes, so a pod never loads a cache built 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import functools
 import os
@@ -167,6 +168,21 @@ def entry_mesh(entry: Entry) -> dict[str, Any] | None:
     return mesh(entry) if mesh else None
 
 
+def code_digest(modules: tuple[str, ...]) -> str:
+    """sha256 over the modules' source files, found by path and never imported (a twin module imports its
+    stack). The bytes, not a parse: the guard and the runner compute this under other Python versions."""
+    digest = hashlib.sha256()
+    for name in modules:
+        digest.update(f"{name}\n".encode() + Path(importlib.util.find_spec(name).origin).read_bytes())
+    return digest.hexdigest()
+
+
+def twin_digest(entry: Entry) -> str | None:
+    """The CPU twin's code in the entry's graphs (``RunnerSpec.twin_modules``); None off the twin."""
+    modules = load_runner(entry.runner).twin_modules
+    return code_digest(modules) if entry.device == "cpu" and modules else None
+
+
 def model_config_digest(entry: Entry) -> str | None:
     path = entry.model_config_path
     return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
@@ -198,6 +214,8 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
     }
     if (mesh := entry_mesh(entry)) is not None:
         inputs["mesh"] = mesh
+    if (twin := twin_digest(entry)) is not None:
+        inputs["twin"] = twin
     return inputs
 
 

@@ -7,16 +7,16 @@ manifest), from scratch (no store reuse). Reported per entry and for the whole m
 tpu-inference's parallel precompile (NUM_PRECOMPILE_WORKERS, `--precompile-workers`) on against off, and
 with `--jobs-scaling` two vllm-tpu entries at `--jobs 2` against `--jobs 1`.
 Incremental (the issue's must-show): the JAX demo is built and published to a fresh local store, one
-max_num_seqs value is added, and the new entry is built by the same `aotc build` command with the store
+value is added to a matrix axis (`--add`, default max_num_seqs=4), and the new entry is built by the same `aotc build` command with the store
 (incremental) and with `--no-reuse` (from scratch), interleaved (ABBA), `--rounds` each: process walls
 (median and best), the phases of each (EntryBuild.phases), compiled/reused, verify of the incremental
-artifact, and whether both hold the same cache files. `--layers N` runs that on the demo model made N
+artifact, whether both hold the same cache files, and XLA seconds per graph family. `--layers N` runs that on the demo model made N
 layers deep (dummy weights): the tiny demo's build is mostly the stack's ~16 s of imports, a real model's
 is mostly compiling, and depth moves the demo toward the latter.
 Figures from one run, side by side; nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_build.py   # make bench
-    ... bench/bench_build.py --incremental-only --rounds 3 [--layers 64]
+    ... bench/bench_build.py --incremental-only --rounds 3 [--layers 64] [--add max_num_batched_tokens=128]
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ def deeper_model(source: str, layers: int, work: Path) -> str:
     return str(target)
 
 
-def with_seqs(config: Path, added: int, work: Path, layers: int | None = None) -> tuple[Path, str, str]:
-    """The demo config with one max_num_seqs value added (model path made absolute; ``layers`` deepens the
-    model): (config, old entry, new entry)."""
+def with_added(config: Path, axis: str, added: int, work: Path, layers: int | None = None) -> tuple[Path, str, str]:
+    """The demo config with one value added to a matrix axis (model path made absolute; ``layers`` deepens
+    the model): (config, old entry, new entry)."""
     matrix = load_matrix(config)
     data = yaml.safe_load(config.read_text())
     model = data["models"][0]
@@ -121,17 +121,17 @@ def with_seqs(config: Path, added: int, work: Path, layers: int | None = None) -
     if layers:
         model["model"] = deeper_model(model["model"], layers, work)
         model["name"] = f"{model['name']}-{layers}l"
-    model["matrix"]["max_num_seqs"] = [*model["matrix"]["max_num_seqs"], added]
+    model["matrix"][axis] = [*model["matrix"][axis], added]
     out = work / "added.yaml"
     out.write_text(yaml.safe_dump(data))
     entries = load_matrix(out).entries
-    return out, entries[0].name, next(e.name for e in entries if e.max_num_seqs == added)
+    return out, entries[0].name, next(e.name for e in entries if getattr(e, axis) == added)
 
 
-def incremental(config: Path, added: int, rounds: int, traffic: int, layers: int | None = None) -> dict:
+def incremental(config: Path, axis: str, added: int, rounds: int, traffic: int, layers: int | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="aotc-bench-inc-") as tmp:
         work = Path(tmp)
-        grown, old, new = with_seqs(config, added, work, layers)
+        grown, old, new = with_added(config, axis, added, work, layers)
         store = work / "store"
         _, base = cli("build", grown, "--entry", old, "--out", work / "base", "--no-reuse", "--traffic", traffic)
         cli("publish", base["entries"][0]["artifact_dir"], "--store", store)
@@ -141,12 +141,22 @@ def incremental(config: Path, added: int, rounds: int, traffic: int, layers: int
                 reuse = ["--store", store] if kind == "incremental" else ["--no-reuse"]
                 wall, report = cli("build", grown, "--entry", new, "--out", work / f"{kind}-{i}", "--traffic",
                                    traffic, *reuse)
-                runs[kind].append((wall, report["entries"][0]))
+                built = report["entries"][0]
+                runs[kind].append((wall, {**built, "xla_by_family": xla_seconds_by_family(built["artifact_dir"])}))
         inc_dir, scratch_dir = (Path(runs[k][-1][1]["artifact_dir"]) / "cache" for k in ("incremental", "scratch"))
         same_files = sorted(os.listdir(inc_dir)) == sorted(os.listdir(scratch_dir))
         _, verified = cli("verify", inc_dir.parent)
-    return {"entry": new, "rounds": rounds, "runs": runs, "same_files": same_files, "verify_misses": verified["misses"],
-            "loadable": verified["loadable"]}
+    return {"entry": new, "rounds": rounds, "runs": runs, "same_files": same_files,
+            "verify_misses": verified["misses"], "loadable": verified["loadable"]}
+
+
+def xla_seconds_by_family(artifact_dir: str) -> dict[str, float]:
+    """XLA seconds per graph family from a build's manifest (a cache hit's deserialization counts: JAX times
+    it as a backend compile)."""
+    by_family: dict[str, float] = {}
+    for graph in json.loads((Path(artifact_dir) / "manifest.json").read_text())["graphs"]:
+        by_family[graph["family"]] = by_family.get(graph["family"], 0.0) + graph["compile_seconds"]
+    return {family: round(seconds, 1) for family, seconds in sorted(by_family.items(), key=lambda kv: -kv[1])}
 
 
 def print_incremental(result: dict) -> dict:
@@ -161,7 +171,8 @@ def print_incremental(result: dict) -> dict:
                          "compiled": last["compiled"], "reused": last["reused"]}
         print(f"{result['entry']} {kind}: wall median {summary[kind]['median_s']}s best {summary[kind]['best_s']}s "
               f"(runs {summary[kind]['walls']}), {last['compiled']} compiled, {last['reused']} reused, XLA compile "
-              f"{summary[kind]['xla_compile_s']}s, phases (median s) {phases}")
+              f"{summary[kind]['xla_compile_s']}s, phases (median s) {phases}; XLA s by family (last run) "
+              f"{last['xla_by_family']}")
     inc, scratch = summary["incremental"], summary["scratch"]
     summary["ratio_median"] = round(inc["median_s"] / scratch["median_s"], 2)
     summary["ratio_best"] = round(inc["best_s"] / scratch["best_s"], 2)
@@ -179,16 +190,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="parallel precompile workers for the on figure")
     parser.add_argument("--jobs-scaling", action="store_true", help="also --jobs 2 vs --jobs 1 (bench/two-entries.yaml)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the incremental figure")
-    parser.add_argument("--add-seqs", type=int, default=4, help="the max_num_seqs value the incremental figure adds")
+    parser.add_argument("--add", default="max_num_seqs=4", metavar="AXIS=VALUE",
+                        help="the matrix value the incremental figure adds (e.g. max_num_batched_tokens=128)")
     parser.add_argument("--incremental-only", action="store_true", help="only the incremental vs from-scratch figure")
     parser.add_argument("--layers", type=int, help="incremental figure on the demo model made this deep (e.g. 64)")
     parser.add_argument("--stock", metavar="CACHE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    axis, _, added = args.add.partition("=")
     if args.stock:
         return stock_child(args.stock)
     demo = REPO / "configs" / "demo-jax.yaml"
     if args.incremental_only:
-        print(json.dumps({"incremental": print_incremental(incremental(demo, args.add_seqs, args.rounds,
+        print(json.dumps({"incremental": print_incremental(incremental(demo, axis, int(added), args.rounds,
                                                                         args.traffic, args.layers))}))
         return
 
@@ -222,7 +235,7 @@ def main() -> None:
                                                   "aotc_cpu_s": round(matrix_cpu, 1), "stock_cpu_s": round(stock_cpu, 1)},
                       "parallel_precompile": {"workers": args.workers, "on_s": round(on.wall_seconds, 1),
                                               "off_s": round(off, 1)}}))
-    print(json.dumps({"incremental": print_incremental(incremental(demo, args.add_seqs, args.rounds, args.traffic))}))
+    print(json.dumps({"incremental": print_incremental(incremental(demo, axis, int(added), args.rounds, args.traffic))}))
     if args.jobs_scaling:
         one, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic)
         two, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic, jobs=2)

@@ -139,3 +139,24 @@ def test_kv_block_count_is_an_input():
     assert fingerprint_entry(BASE, ENV).inputs["kv_blocks"] == 128 * 2048 // 128 + 1  # TPU page size 128
     pinned = dataclasses.replace(BASE, engine={**BASE.engine, "num_gpu_blocks_override": 4000})
     assert fingerprint_entry(pinned, ENV).inputs["kv_blocks"] == 4000
+
+
+def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
+    # The CPU twin's own attention enters every backbone graph: a changed twin must not match graphs built
+    # with the old one. A TPU entry has no twin.
+    from aotc.fingerprint import code_digest
+
+    package = tmp_path / "twin_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    module = package / "attention.py"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    digests = []
+    for source in ("def f(x):\n    return x * 2\n", "def f(x):\n    return x * 2\n", "def f(x):\n    return x * 3\n"):
+        module.write_text(source)
+        digests.append(code_digest(("twin_pkg.attention",)))
+    assert digests[0] == digests[1] != digests[2]
+
+    cpu = dataclasses.replace(BASE, device="cpu")
+    assert len(fingerprint_entry(cpu, ENV).inputs["twin"]) == 64
+    assert "twin" not in fingerprint_entry(BASE, ENV).inputs

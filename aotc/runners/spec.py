@@ -58,6 +58,9 @@ class RunnerSpec:
     validate: str | None = None
     """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry, one problem a
     line as ``KEY.PATH: reason`` with the key path relative to the model (``env.X: ...``); [] when valid."""
+    twin_modules: tuple[str, ...] = ()
+    """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
+    its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
 
     @property
     def python_env(self) -> str:

@@ -19,6 +19,22 @@ def test_versions_come_from_the_runner_interpreter(jax_env):
     assert "XLA_FLAGS:--xla_cpu_max_isa=AVX2" in fp.inputs["xla_flags"]
 
 
+def test_the_runner_interpreter_computes_the_same_digest(jax_env):
+    # The guard in a stock server fingerprints the entry under the JAX venv's Python (3.12), the build's core
+    # under this one: every input, the twin's code included, must come out the same.
+    import json
+    import subprocess
+
+    code = ("import json, sys; from aotc.fingerprint import fingerprint_entry; from aotc.matrix import load_matrix;"
+            "fp = fingerprint_entry(load_matrix(sys.argv[1]).entries[0]); print(json.dumps([fp.digest, fp.inputs]))")
+    out = subprocess.run([jax_env[PYTHON_ENV], "-c", code, str(REPO / "configs" / "demo-jax.yaml")], env=jax_env,
+                         capture_output=True, text=True, check=True).stdout
+    there = json.loads(out.strip().splitlines()[-1])
+    here = fingerprint_entry(entry(), jax_env)
+    assert "twin" in here.inputs
+    assert there == [here.digest, here.inputs]
+
+
 def test_launch_flags_still_count(jax_env):
     plain = fingerprint_entry(entry(), jax_env)
     flagged = fingerprint_entry(entry(), {**jax_env, "LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=true"})

@@ -34,4 +34,5 @@ SPEC = RunnerSpec(
     watcher="aotc.runners.tpu_inference.watcher:Watcher",
     validate="aotc.runners.tpu_inference.rules:validate",
     cache_loads=True,
+    twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention"),
 )

@@ -75,30 +75,29 @@ def ragged_paged_attention(
     if update_kv_cache:
         kv_cache = _write_kv(kv_cache, merge_kv(keys, values), page_table, seq, pos, real)
 
-    k, v = _unpack_kv(kv_cache[page_table], num_kv_heads, head_dim)  # [seqs, len, kv_heads, dim]
-    group = num_q_heads // num_kv_heads
-    k = jnp.repeat(k, group, axis=2)[seq]  # [T, len, q_heads, dim]
-    v = jnp.repeat(v, group, axis=2)[seq]
-
-    q = queries
+    # Per sequence first ([seqs, kv_heads, len, dim], query heads grouped onto their KV head), then one
+    # bf16 row gather per token: no per-token repeat or f32 copy of the KV (the twin's cost on CPU).
+    k, v = (jnp.swapaxes(x, 1, 2)[seq] for x in _unpack_kv(kv_cache[page_table], num_kv_heads, head_dim))
+    q = queries.reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
     if q_scale is not None:
         q = (q / q_scale).astype(k.dtype)
-    scores = jnp.einsum("thd,tkhd->thk", q, k, preferred_element_type=jnp.float32) * sm_scale
+    scores = jnp.einsum("tgqd,tgkd->tgqk", q, k, preferred_element_type=jnp.float32) * sm_scale
     for scale in (k_scale, q_scale):
         if scale is not None:
             scores = scores * scale
     if soft_cap is not None:
         scores = soft_cap * jnp.tanh(scores / soft_cap)
 
-    kv_pos = jnp.arange(k.shape[1], dtype=jnp.int32)[None, :]
+    kv_pos = jnp.arange(k.shape[2], dtype=jnp.int32)[None, :]
     mask = kv_pos < kv_lens[seq][:, None]
     if use_causal_mask:
         mask &= kv_pos <= pos[:, None]
         if sliding_window is not None:
             mask &= pos[:, None] < kv_pos + sliding_window
-    scores = jnp.where(mask[:, None, :], scores, mask_value)
+    scores = jnp.where(mask[:, None, None, :], scores, mask_value)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("thk,tkhd->thd", probs, v, preferred_element_type=jnp.float32)
+    out = jnp.einsum("tgqk,tgkd->tgqd", probs, v, preferred_element_type=jnp.float32)
+    out = out.reshape(num_tokens, num_q_heads, head_dim)
     if v_scale is not None:
         out = out * v_scale
     out = jnp.where(real[:, None, None], out, 0).astype(out_dtype)

@@ -37,4 +37,5 @@ SPEC = RunnerSpec(
                           "same failure: tenstorrent/tt-xla#3310)"},
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21"},  # requirements/full.lock
     watcher="aotc.runners.vllm_tpu.watcher:Watcher",
+    twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention"),
 )
