@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from aotc.files import sha256_file
 from aotc.matrix import Entry
 from aotc.runners.spec import load_runner
 
@@ -171,10 +172,8 @@ def entry_mesh(entry: Entry) -> dict[str, Any] | None:
 def code_digest(modules: tuple[str, ...]) -> str:
     """sha256 over the modules' source files, found by path and never imported (a twin module imports its
     stack). The bytes, not a parse: the guard and the runner compute this under other Python versions."""
-    digest = hashlib.sha256()
-    for name in modules:
-        digest.update(f"{name}\n".encode() + Path(importlib.util.find_spec(name).origin).read_bytes())
-    return digest.hexdigest()
+    lines = (f"{name} {sha256_file(importlib.util.find_spec(name).origin)[0]}\n" for name in modules)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def twin_digest(entry: Entry) -> str | None:

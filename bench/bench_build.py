@@ -7,12 +7,13 @@ manifest), from scratch (no store reuse). Reported per entry and for the whole m
 tpu-inference's parallel precompile (NUM_PRECOMPILE_WORKERS, `--precompile-workers`) on against off, and
 with `--jobs-scaling` two vllm-tpu entries at `--jobs 2` against `--jobs 1`.
 Incremental (the issue's must-show): the JAX demo is built and published to a fresh local store, one
-value is added to a matrix axis (`--add`, default max_num_seqs=4), and the new entry is built by the same `aotc build` command with the store
-(incremental) and with `--no-reuse` (from scratch), interleaved (ABBA), `--rounds` each: process walls
-(median and best), the phases of each (EntryBuild.phases), compiled/reused, verify of the incremental
-artifact, whether both hold the same cache files, and XLA seconds per graph family. `--layers N` runs that on the demo model made N
-layers deep (dummy weights): the tiny demo's build is mostly the stack's ~16 s of imports, a real model's
-is mostly compiling, and depth moves the demo toward the latter.
+value is added to a matrix axis (`--add`, default max_num_seqs=4), and the new entry is built by the same
+`aotc build` command with the store (incremental) and with `--no-reuse` (from scratch), interleaved (ABBA),
+`--rounds` each: process walls (median and best), the phases of each (EntryBuild.phases), compiled/reused,
+verify of the incremental artifact, whether both hold the same cache files, and XLA seconds per graph
+family. `--layers N` runs that on the demo model made N layers deep (dummy weights): the tiny demo's
+build is mostly the stack's ~16 s of imports, a real model's is mostly compiling, and depth moves the demo
+toward the latter.
 Figures from one run, side by side; nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_build.py   # make bench
@@ -38,6 +39,7 @@ import yaml
 
 from aotc.build import build_matrix
 from aotc.fingerprint import runner_python
+from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
 from aotc.runners.spec import load_runner
 
@@ -154,8 +156,8 @@ def xla_seconds_by_family(artifact_dir: str) -> dict[str, float]:
     """XLA seconds per graph family from a build's manifest (a cache hit's deserialization counts: JAX times
     it as a backend compile)."""
     by_family: dict[str, float] = {}
-    for graph in json.loads((Path(artifact_dir) / "manifest.json").read_text())["graphs"]:
-        by_family[graph["family"]] = by_family.get(graph["family"], 0.0) + graph["compile_seconds"]
+    for graph in Manifest.load(artifact_dir).graphs:
+        by_family[graph.family] = by_family.get(graph.family, 0.0) + graph.compile_seconds
     return {family: round(seconds, 1) for family, seconds in sorted(by_family.items(), key=lambda kv: -kv[1])}
 
 
@@ -183,6 +185,13 @@ def print_incremental(result: dict) -> dict:
     return summary
 
 
+def axis_value(text: str) -> tuple[str, int]:
+    axis, _, value = text.partition("=")
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected AXIS=INTEGER, got {text!r}")
+    return axis, int(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", type=Path, default=HERE / "jax-entries.yaml")
@@ -190,18 +199,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="parallel precompile workers for the on figure")
     parser.add_argument("--jobs-scaling", action="store_true", help="also --jobs 2 vs --jobs 1 (bench/two-entries.yaml)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the incremental figure")
-    parser.add_argument("--add", default="max_num_seqs=4", metavar="AXIS=VALUE",
+    parser.add_argument("--add", default="max_num_seqs=4", metavar="AXIS=VALUE", type=axis_value,
                         help="the matrix value the incremental figure adds (e.g. max_num_batched_tokens=128)")
     parser.add_argument("--incremental-only", action="store_true", help="only the incremental vs from-scratch figure")
     parser.add_argument("--layers", type=int, help="incremental figure on the demo model made this deep (e.g. 64)")
     parser.add_argument("--stock", metavar="CACHE", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    axis, _, added = args.add.partition("=")
+    axis, added = args.add
     if args.stock:
         return stock_child(args.stock)
     demo = REPO / "configs" / "demo-jax.yaml"
     if args.incremental_only:
-        print(json.dumps({"incremental": print_incremental(incremental(demo, axis, int(added), args.rounds,
+        print(json.dumps({"incremental": print_incremental(incremental(demo, axis, added, args.rounds,
                                                                         args.traffic, args.layers))}))
         return
 
@@ -235,7 +244,7 @@ def main() -> None:
                                                   "aotc_cpu_s": round(matrix_cpu, 1), "stock_cpu_s": round(stock_cpu, 1)},
                       "parallel_precompile": {"workers": args.workers, "on_s": round(on.wall_seconds, 1),
                                               "off_s": round(off, 1)}}))
-    print(json.dumps({"incremental": print_incremental(incremental(demo, axis, int(added), args.rounds, args.traffic))}))
+    print(json.dumps({"incremental": print_incremental(incremental(demo, axis, added, args.rounds, args.traffic))}))
     if args.jobs_scaling:
         one, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic)
         two, _ = aotc_build(HERE / "two-entries.yaml", None, args.traffic, jobs=2)
