@@ -23,7 +23,7 @@ from typing import Any
 from aotc import __version__
 from aotc.errors import BadInput
 from aotc.fingerprint import fingerprint_entry, runner_python
-from aotc.manifest import CACHE_DIR_NAME, FileRecord, GraphRecord, Manifest
+from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.plan import plan_entry
@@ -31,7 +31,7 @@ from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Pr
                                    read_result)
 from aotc.runners.spec import load_runner
 from aotc.files import replace_dir, sha256_file
-from aotc.reuse import Seed, seed_cache, settle
+from aotc.reuse import Seed, published_artifact, seed_cache, settle, take_published
 from aotc.store import Store
 
 LOG_NAME = "build.log"
@@ -58,6 +58,8 @@ class EntryBuild:
     """Cache files found seeded from the store's compatible artifacts (aotc/reuse.py)."""
     phases: dict[str, float] = field(default_factory=dict)
     """Where the wall went (build_phases); empty for a failed build."""
+    source: str = "built"
+    """``store`` for an entry taken whole from the store, already published as this build would make it."""
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__ | {"problems": list(self.problems)}
@@ -126,11 +128,16 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
     shutil.rmtree(staging, ignore_errors=True)
     (staging / CACHE_DIR_NAME).mkdir(parents=True)
     start = time.perf_counter()
+    fingerprint = fingerprint_entry(entry, runner_env(entry))
+    if store is not None and (taken := take_from_store(plan, store, fingerprint.digest, staging, final, traffic,
+                                                       seed, start)):
+        events.finished(taken)
+        return taken
     events.started(entry.name, len(plan.graphs))
     planned_families = plan.families()
     loads = load_runner(entry.runner).cache_loads
     try:
-        seeded = seed_cache(store, fingerprint_entry(entry, runner_env(entry)).inputs, staging / CACHE_DIR_NAME) \
+        seeded = seed_cache(store, fingerprint.inputs, staging / CACHE_DIR_NAME) \
             if store is not None and loads else Seed()
         seeded_at = time.perf_counter()
         result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
@@ -161,6 +168,24 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
         report = _failed(entry, plan, start, str(exc), staging)
     events.finished(report)
     return report
+
+
+def take_from_store(plan: BuildPlan, store: Store, fingerprint: str, staging: Path, final: Path, traffic: int,
+                    seed: int, start: float) -> EntryBuild | None:
+    """The entry as published, if the store holds it as this build would make it (aotc/reuse.py:
+    published_artifact): no runner starts. None (staging left empty) where it must be built."""
+    manifest = published_artifact(store, plan, fingerprint, traffic, seed)
+    if manifest is None or not take_published(store, manifest, staging):
+        shutil.rmtree(staging / CACHE_DIR_NAME)
+        (staging / CACHE_DIR_NAME).mkdir()
+        return None
+    replace_dir(str(staging), str(final))
+    wall = time.perf_counter() - start
+    return EntryBuild(
+        entry=plan.entry.name, ok=True, artifact_dir=str(final), planned=len(plan.graphs),
+        graphs_with_keys=len(plan.graphs), runtime_graphs=sum(1 for g in manifest.graphs if g.family == RUNTIME),
+        files=len(manifest.files), size=manifest.total_size, wall_seconds=wall, compile_seconds=0.0,
+        compiled=0, reused=len(manifest.files), phases={"store": round(wall, 2)}, source="store")
 
 
 def build_phases(seed: float, runner: float, finish: float, result: BuildResult) -> dict[str, float]:

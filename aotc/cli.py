@@ -339,8 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--traffic", type=int, default=32, metavar="N", help="requests in the traffic sweep")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--store", default=None, metavar="URL",
-                   help="reuse the graphs this store's compatible artifacts hold (default: as publish resolves it)")
-    p.add_argument("--no-reuse", action="store_true", help="compile every graph, seeding nothing from a store")
+                   help="take entries this store holds as built, reuse its compatible artifacts' graphs "
+                        "(default: as publish resolves it)")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="build every entry, compile every graph: nothing taken or seeded from a store")
     p.add_argument("--precompile-workers", type=int, default=None, metavar="N",
                    help="the backend's parallel precompile (tpu-inference: NUM_PRECOMPILE_WORKERS)")
 

@@ -12,6 +12,7 @@ from aotc.errors import BadInput, IntegrityError
 SCHEMA = 1
 MANIFEST_NAME = "manifest.json"
 CACHE_DIR_NAME = "cache"
+STARTUP, RUNTIME = "startup", "runtime"  # the graph families beyond the plan (docs/design.md)
 
 
 def check_relative_path(path: str) -> str:

@@ -75,6 +75,10 @@ class BuildProgressLines:
         print(f"aotc build: {name}: {family} compiled in {seconds:.1f}s", file=sys.stderr, flush=True)
 
     def finished(self, report: EntryBuild) -> None:
+        if report.source == "store":
+            print(f"aotc build: {report.entry}: up to date, taken as published from the store ({report.files} files, "
+                  f"{report.wall_seconds:.1f}s; --no-reuse builds it again)", file=sys.stderr, flush=True)
+            return
         status = "ok" if report.ok else f"FAILED: {report.error}"
         if report.ok and report.compiled is not None:
             status += f", {report.compiled} compiled, {report.reused} reused from the store"
@@ -90,7 +94,8 @@ def render_build(report: BuildReport, console) -> None:
                    "wall s", "XLA s"):
         table.add_column(column, justify="left" if column in ("entry", "status") else "right")
     for e in report.entries:
-        table.add_row(e.entry, "ok" if e.ok else "[red]FAILED[/red]", str(e.planned), str(e.graphs_with_keys),
+        status = ("ok" if e.source == "built" else "from store") if e.ok else "[red]FAILED[/red]"
+        table.add_row(e.entry, status, str(e.planned), str(e.graphs_with_keys),
                       str(e.runtime_graphs), str(e.files), _count(e.compiled), _count(e.reused),
                       f"{e.size / 1e6:.1f}", f"{e.wall_seconds:.1f}", f"{e.compile_seconds:.1f}")
     console.print(table)

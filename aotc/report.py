@@ -20,11 +20,10 @@ from typing import Any
 from aotc import __version__
 from aotc.errors import BadInput
 from aotc.fingerprint import diff_inputs, flatten
-from aotc.manifest import GraphRecord, Manifest, VerifySummary
+from aotc.manifest import RUNTIME, STARTUP, GraphRecord, Manifest, VerifySummary
 from aotc.plan import BuildPlan, plan_entry
 from aotc.store import GcStrategy, Store, StoreInfo, human_size
 
-STARTUP, RUNTIME = "startup", "runtime"  # the manifest's families beyond the plan (DESIGN.md)
 CANARY_FIGURES = ("requests", "compiles_at_startup", "compiles_after_ready", "ready_seconds")
 CANARY_SUFFIX = ".canary.json"  # beside an artifact dir: `aotc canary --json` saved by make build-cache
 TOP_GRAPHS = 60  # compile-seconds bars drawn; the rest are summed in one line

@@ -6,6 +6,10 @@ construction: a file's name is the backend's own cache key over the program, the
 devices, the flags and the stack's versions, so a seeded file is used only when the graph is the same, and a
 changed key input simply misses. Compatibility (same stack and model) only spares downloading objects that
 could not match. After the build, seeded files the entry never read are dropped from its artifact.
+
+Its limit case, for any runner: an entry whose own fingerprint is already published, with every graph its plan
+lists and the same traffic sweep, is taken from the store as it is (``published_artifact``), without
+starting the stack: rebuilding it could only produce the same graphs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aotc.manifest import Manifest, check_relative_path
+from aotc.errors import IntegrityError, NotFoundInStore
+from aotc.graphs import BuildPlan, GraphSpec
+from aotc.manifest import CACHE_DIR_NAME, Manifest, check_relative_path
 from aotc.runners.protocol import BuildResult
 
 # Fingerprint inputs that must be equal for two entries to share any graph (stack, model, devices, flags);
@@ -74,17 +80,49 @@ def seed_cache(store, inputs: dict[str, Any], cache_dir: Path) -> Seed:
         if new:
             wanted.update(new)
             sources.append(f"{manifest.entry}@{manifest.fingerprint[:12]}")
+    return Seed(download(store, wanted, cache_dir), tuple(sources))
+
+
+def download(store, wanted: dict[str, str], cache_dir: Path) -> dict[str, str]:
+    """Write each {file name: sha256} whose object the store holds intact into ``cache_dir``; return those
+    written (a missing or damaged object is left out: that graph just compiles)."""
     paths = {store.object_path(sha): sha for sha in set(wanted.values())}
     blobs = store.read_many(sorted(paths))
     files = {}
     for name, sha in wanted.items():
         data = blobs.get(store.object_path(sha))
-        if isinstance(data, bytes) and hashlib.sha256(data).hexdigest() == sha:  # else: it just compiles
+        if isinstance(data, bytes) and hashlib.sha256(data).hexdigest() == sha:
             target = cache_dir / check_relative_path(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             files[name] = sha
-    return Seed(files, tuple(sources))
+    return files
+
+
+def published_artifact(store, plan: BuildPlan, fingerprint: str, traffic: int, seed: int) -> Manifest | None:
+    """The store's artifact of this entry and fingerprint, if building it again could only produce the same:
+    it holds a cache key for every graph the plan lists and was swept with the same traffic (count and seed)."""
+    if not store.exists():
+        return None
+    try:
+        manifest, _ = store.read_manifest(plan.entry.name, fingerprint)
+    except (NotFoundInStore, IntegrityError):  # a damaged manifest: build it again
+        return None
+    build = manifest.extra.get("build", {})
+    if (build.get("traffic"), build.get("seed")) != (traffic, seed):
+        return None
+    held = {GraphSpec(g.family, tuple(g.shape.items())).key for g in manifest.graphs if g.keys}
+    return manifest if all(spec.key in held for spec in plan.graphs) else None
+
+
+def take_published(store, manifest: Manifest, artifact_dir: Path) -> bool:
+    """Write the published artifact into ``artifact_dir`` as its build left it (the manifest, every file
+    checked by sha256); False, with nothing to keep, if any object is missing or damaged."""
+    wanted = {f.path: f.sha256 for f in manifest.files}
+    if len(download(store, wanted, artifact_dir / CACHE_DIR_NAME)) != len(wanted):
+        return False
+    manifest.save(artifact_dir)
+    return True
 
 
 def settle(seed: Seed, cache_dir: Path, result: BuildResult) -> Reuse:

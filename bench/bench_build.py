@@ -11,9 +11,10 @@ value is added to a matrix axis (`--add`, default max_num_seqs=4), and the new e
 `aotc build` command with the store (incremental) and with `--no-reuse` (from scratch), interleaved (ABBA),
 `--rounds` each: process walls (median and best), the phases of each (EntryBuild.phases), compiled/reused,
 verify of the incremental artifact, whether both hold the same cache files, and XLA seconds per graph
-family. `--layers N` runs that on the demo model made N layers deep (dummy weights): the tiny demo's
-build is mostly the stack's ~16 s of imports, a real model's is mostly compiling, and depth moves the demo
-toward the latter.
+family. Then the whole grown matrix, rebuilt with the store (the published entry taken as it is, the new
+one incremental) against built from scratch, interleaved, `--rounds` each. `--layers N` runs that on the
+demo model made N layers deep (dummy weights): the tiny demo's build is mostly the stack's ~16 s of imports,
+a real model's is mostly compiling, and depth moves the demo toward the latter.
 Figures from one run, side by side; nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_build.py   # make bench
@@ -148,8 +149,21 @@ def incremental(config: Path, axis: str, added: int, rounds: int, traffic: int, 
         inc_dir, scratch_dir = (Path(runs[k][-1][1]["artifact_dir"]) / "cache" for k in ("incremental", "scratch"))
         same_files = sorted(os.listdir(inc_dir)) == sorted(os.listdir(scratch_dir))
         _, verified = cli("verify", inc_dir.parent)
+        matrix = rebuild_matrix(grown, store, work, rounds, traffic)
     return {"entry": new, "rounds": rounds, "runs": runs, "same_files": same_files,
-            "verify_misses": verified["misses"], "loadable": verified["loadable"]}
+            "verify_misses": verified["misses"], "loadable": verified["loadable"], "matrix": matrix}
+
+
+def rebuild_matrix(grown: Path, store: Path, work: Path, rounds: int, traffic: int) -> dict[str, list]:
+    """The whole grown matrix rebuilt with the store (the published entry taken as it is, the new one built
+    incrementally) against built from scratch, interleaved: [(wall, {entry: source})] per kind."""
+    runs: dict[str, list] = {"rebuild": [], "scratch": []}
+    for i in range(rounds):
+        for kind in (("rebuild", "scratch") if i % 2 == 0 else ("scratch", "rebuild")):
+            reuse = ["--store", store] if kind == "rebuild" else ["--no-reuse"]
+            wall, report = cli("build", grown, "--out", work / f"matrix-{kind}-{i}", "--traffic", traffic, *reuse)
+            runs[kind].append((wall, {e["entry"]: e["source"] for e in report["entries"]}))
+    return runs
 
 
 def xla_seconds_by_family(artifact_dir: str) -> dict[str, float]:
@@ -182,6 +196,13 @@ def print_incremental(result: dict) -> dict:
           f"median {summary['ratio_median']}x, best {summary['ratio_best']}x  (aim <= 0.5x); incremental verify "
           f"{result['verify_misses']} misses, loadable {result['loadable']}; same cache files as from scratch: "
           f"{result['same_files']}")
+    walls = {kind: [wall for wall, _ in runs] for kind, runs in result["matrix"].items()}
+    medians = {kind: round(statistics.median(w), 1) for kind, w in walls.items()}
+    sources = result["matrix"]["rebuild"][-1][1]
+    summary["matrix"] = {"sources": sources, "walls": walls, "median_s": medians,
+                         "ratio_median": round(medians["rebuild"] / medians["scratch"], 2)}
+    print(f"the grown matrix ({len(sources)} entries) rebuilt with the store {sources} vs built from scratch: median "
+          f"{medians['rebuild']}s vs {medians['scratch']}s = {summary['matrix']['ratio_median']}x  (aim <= 0.5x)")
     return summary
 
 

@@ -16,6 +16,15 @@ def run_aotc(*args: str, env: dict | None = None, cwd: str | Path | None = None,
                           env=full_env, cwd=cwd or REPO, timeout=timeout)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_default_store(tmp_path_factory):
+    """Commands run from the repo resolve the store to .aotc/store there, or to a developer's $AOTC_STORE:
+    either would seed the suite's builds and hand them whole entries. Tests name their stores."""
+    from aotc.store import ENV_STORE
+
+    os.environ[ENV_STORE] = str(tmp_path_factory.mktemp("default-store") / "store")
+
+
 @pytest.fixture
 def aotc_cli():
     return run_aotc

@@ -1,9 +1,11 @@
 """Incremental builds on the CPU twin: after the demo entry is published, adding one max_num_seqs value and
-building reuses what the store holds; the new entry compiles only what the store lacked and verifies."""
+building reuses what the store holds; the new entry compiles only what the store lacked and verifies, and once
+it is published too, rebuilding the grown matrix takes both entries whole from the store."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,17 @@ def test_new_entry_compiles_only_what_the_store_lacks(jax_env, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout)
     assert result["misses"] == 0 and result["loadable"] is True
+
+    # Rebuilding the grown matrix once both are published starts no engine: each entry is taken as published.
+    assert aotc(jax_env, "publish", new["artifact_dir"], "--store", store).returncode == 0
+    proc = aotc(jax_env, "build", demo(tmp_path, "8, 4"), "--out", tmp_path / "c", "--store", store, "--traffic", "16",
+                "--json")
+    again = {e["entry"]: e for e in built(proc)}
+    for source in (first, new):
+        taken = again[source["entry"]]
+        assert taken["source"] == "store" and taken["compiled"] == 0 and taken["reused"] == source["files"]
+        assert "up to date, taken as published" in proc.stderr
+        before, after = Path(source["artifact_dir"]), Path(taken["artifact_dir"])
+        for name in ("manifest.json", *(f"cache/{f}" for f in os.listdir(before / "cache"))):
+            assert (after / name).read_bytes() == (before / name).read_bytes()
+        assert not (after / "build.log").exists()
