@@ -22,7 +22,7 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
-from aotc.fingerprint import fingerprint_entry, runner_python
+from aotc.fingerprint import Fingerprint, fingerprint_entry, runner_python
 from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.graphs import BuildPlan, GraphSpec
@@ -150,7 +150,7 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
         options = {"precompile_workers": precompile_workers} if precompile_workers else {}
         if reuse is not None:
             options["reuse"] = reuse.to_dict()
-        manifest = make_manifest(plan, staging, result, graphs, traffic=traffic, seed=seed, **options)
+        manifest = make_manifest(plan, fingerprint, staging, result, graphs, traffic=traffic, seed=seed, **options)
         manifest.save(staging)
         if problems or result.error:
             report = _failed(entry, plan, start, result.error or problems[0], staging, problems)
@@ -320,10 +320,9 @@ def file_records(cache_dir: Path) -> tuple[FileRecord, ...]:
     return tuple(records)
 
 
-def make_manifest(plan: BuildPlan, artifact_dir: Path, result: BuildResult, planned: list[GraphRecord],
-                  **build_options: Any) -> Manifest:
+def make_manifest(plan: BuildPlan, fp: Fingerprint, artifact_dir: Path, result: BuildResult,
+                  planned: list[GraphRecord], **build_options: Any) -> Manifest:
     entry = plan.entry
-    fp = fingerprint_entry(entry, runner_env(entry))
     graphs = (*(GraphRecord.from_dict(g.model_dump()) for g in result.startup), *planned,
               *(GraphRecord.from_dict(g.model_dump()) for g in result.runtime))
     return Manifest(

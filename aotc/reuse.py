@@ -102,11 +102,9 @@ def download(store, wanted: dict[str, str], cache_dir: Path) -> dict[str, str]:
 def published_artifact(store, plan: BuildPlan, fingerprint: str, traffic: int, seed: int) -> Manifest | None:
     """The store's artifact of this entry and fingerprint, if building it again could only produce the same:
     it holds a cache key for every graph the plan lists and was swept with the same traffic (count and seed)."""
-    if not store.exists():
-        return None
     try:
         manifest, _ = store.read_manifest(plan.entry.name, fingerprint)
-    except (NotFoundInStore, IntegrityError):  # a damaged manifest: build it again
+    except (NotFoundInStore, IntegrityError):  # none (or no store), or a damaged manifest: build it
         return None
     build = manifest.extra.get("build", {})
     if (build.get("traffic"), build.get("seed")) != (traffic, seed):

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -138,14 +139,12 @@ def incremental(config: Path, axis: str, added: int, rounds: int, traffic: int, 
         store = work / "store"
         _, base = cli("build", grown, "--entry", old, "--out", work / "base", "--no-reuse", "--traffic", traffic)
         cli("publish", base["entries"][0]["artifact_dir"], "--store", store)
-        runs: dict[str, list[tuple[float, dict]]] = {"incremental": [], "scratch": []}
-        for i in range(rounds):
-            for kind in (("incremental", "scratch") if i % 2 == 0 else ("scratch", "incremental")):
-                reuse = ["--store", store] if kind == "incremental" else ["--no-reuse"]
-                wall, report = cli("build", grown, "--entry", new, "--out", work / f"{kind}-{i}", "--traffic",
-                                   traffic, *reuse)
-                built = report["entries"][0]
-                runs[kind].append((wall, {**built, "xla_by_family": xla_seconds_by_family(built["artifact_dir"])}))
+        def entry_build(reuse: list, out: Path) -> tuple[float, dict]:
+            wall, report = cli("build", grown, "--entry", new, "--out", out, "--traffic", traffic, *reuse)
+            built = report["entries"][0]
+            return wall, {**built, "xla_by_family": xla_seconds_by_family(built["artifact_dir"])}
+
+        runs = with_and_without_store(("incremental", "scratch"), store, work, rounds, entry_build)
         inc_dir, scratch_dir = (Path(runs[k][-1][1]["artifact_dir"]) / "cache" for k in ("incremental", "scratch"))
         same_files = sorted(os.listdir(inc_dir)) == sorted(os.listdir(scratch_dir))
         _, verified = cli("verify", inc_dir.parent)
@@ -157,12 +156,22 @@ def incremental(config: Path, axis: str, added: int, rounds: int, traffic: int, 
 def rebuild_matrix(grown: Path, store: Path, work: Path, rounds: int, traffic: int) -> dict[str, list]:
     """The whole grown matrix rebuilt with the store (the published entry taken as it is, the new one built
     incrementally) against built from scratch, interleaved: [(wall, {entry: source})] per kind."""
-    runs: dict[str, list] = {"rebuild": [], "scratch": []}
+    def matrix_build(reuse: list, out: Path) -> tuple[float, dict]:
+        wall, report = cli("build", grown, "--out", out, "--traffic", traffic, *reuse)
+        return wall, {e["entry"]: e["source"] for e in report["entries"]}
+
+    return with_and_without_store(("rebuild", "scratch"), store, work / "matrix", rounds, matrix_build)
+
+
+def with_and_without_store(kinds: tuple[str, str], store: Path, work: Path, rounds: int,
+                           build: Callable[[list, Path], tuple[float, dict]]) -> dict[str, list]:
+    """``build(reuse args, out dir)`` with the store (the first kind) and with `--no-reuse` (the second),
+    interleaved ABBA over ``rounds``: {kind: [(wall, record)]}."""
+    runs: dict[str, list] = {kind: [] for kind in kinds}
     for i in range(rounds):
-        for kind in (("rebuild", "scratch") if i % 2 == 0 else ("scratch", "rebuild")):
-            reuse = ["--store", store] if kind == "rebuild" else ["--no-reuse"]
-            wall, report = cli("build", grown, "--out", work / f"matrix-{kind}-{i}", "--traffic", traffic, *reuse)
-            runs[kind].append((wall, {e["entry"]: e["source"] for e in report["entries"]}))
+        for kind in (kinds if i % 2 == 0 else kinds[::-1]):
+            reuse = ["--store", store] if kind == kinds[0] else ["--no-reuse"]
+            runs[kind].append(build(reuse, work / f"{kind}-{i}"))
     return runs
 
 
