@@ -10,6 +10,7 @@ import pytest
 from aotc.cli import main
 from aotc.fingerprint import diff_inputs, fingerprint_entry
 from aotc.matrix import parse_matrix
+from aotc.runners.spec import load_runner
 
 from .conftest import CONFIGS, REPO
 
@@ -71,7 +72,7 @@ def test_flag_order_and_non_xla_words_do_not_matter():
     assert digest(environ={**ENV, "UNRELATED": "1"}) == digest()
 
 
-@pytest.mark.parametrize("package", ["torch", "torch_xla", "vllm", "libtpu"])
+@pytest.mark.parametrize("package", load_runner("vllm-tpu").packages)
 def test_each_package_version_changes_the_digest(package, monkeypatch):
     from aotc import fingerprint
 
@@ -121,7 +122,8 @@ def test_cli_json_shows_inputs(capsys):
     assert main(["fingerprint", str(CONFIGS / "example-tpu.yaml"), "--entry", entry, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["entry"] == entry and len(doc["fingerprint"]) == 64
-    assert set(doc["inputs"]["versions"]) == {"torch", "torch_xla", "vllm", "libtpu"}
+    # jax/jaxlib: torch_xla's Pallas kernels are lowered with them on a TPU
+    assert set(doc["inputs"]["versions"]) == {"torch", "torch_xla", "vllm", "libtpu", "jax", "jaxlib"}
     assert doc["inputs"]["versions"]["vllm"] == "0.13.0"
     assert {"model", "revision", "engine", "env", "xla_flags", "tensor_parallel_size", "accelerator"} <= set(
         doc["inputs"])

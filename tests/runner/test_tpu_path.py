@@ -6,6 +6,7 @@ with a stand-in; nothing here needs a TPU or compiles a graph.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from aotc.runners.vllm_tpu import cpu_platform, engine
 
-from .conftest import demo_entry
+from .conftest import REPO, demo_entry
 
 
 def tpu_entry() -> dict:
@@ -125,3 +126,29 @@ def test_cpu_twin_refuses_tensor_parallel(tmp_path):
     with pytest.raises(ValueError, match="tensor_parallel_size 1"):
         engine.runtime_env({**demo_entry(), "tensor_parallel_size": 2}, str(tmp_path))
     engine.runtime_env({**tpu_entry(), "tensor_parallel_size": 8}, str(tmp_path))  # fine on a TPU
+
+
+# What vLLM 0.13 runs on a TPU and the twin replaces: the Pallas attention backend and its KV update, the
+# MoE and LoRA kernels, int8 matmuls, the runner and worker, and torch_xla's kernels they call.
+TPU_PATH_ROOTS = (
+    "vllm.v1.attention.backends.pallas", "vllm.attention.ops.pallas_kv_cache_update",
+    "vllm.model_executor.layers.fused_moe.moe_pallas", "vllm.lora.ops.xla_ops.lora_ops",
+    "vllm.lora.punica_wrapper.punica_tpu", "vllm.model_executor.layers.quantization.tpu_int8",
+    "vllm.v1.worker.tpu_model_runner", "vllm.v1.worker.tpu_worker", "torch_xla.experimental.custom_kernel",
+    "torch_xla.experimental.pallas_kernels.*",
+)
+
+
+def test_every_module_the_tpu_path_imports_is_installed():
+    """Imports, in this (the locked) venv, every module vLLM's TPU path imports on a TPU, including those its
+    kernels import inside the call (jax, via torch_xla's `pallas` extra)."""
+    helper = REPO / "tests" / "helpers" / "tpu_imports.py"
+    # vLLM 0.13 switches to tpu_inference only where it is installed: that is the other runner's stack
+    request = {"roots": TPU_PATH_ROOTS, "absent": ["tpu_inference"]}
+    out = subprocess.run([sys.executable, str(helper)], input=json.dumps(request), capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["failed"] == {}
+    assert {"jax", "jax.experimental.pallas.ops.tpu.megablox.gmm",
+            "torch_xla.experimental.pallas_kernels.ragged_paged_attention_v2"} <= set(result["imported"])

@@ -25,7 +25,8 @@ SPEC = RunnerSpec(
     name="vllm-tpu",
     module="aotc.runners.vllm_tpu",
     buckets="aotc.runners.vllm_tpu.buckets",
-    packages=("torch", "torch_xla", "vllm", "libtpu"),
+    # jax/jaxlib: torch_xla's `pallas` extra, the version its Pallas kernels are lowered with on a TPU
+    packages=("torch", "torch_xla", "vllm", "libtpu", "jax", "jaxlib"),
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
     validate="aotc.runners.vllm_tpu.rules:validate",
     probe="aotc.runners.vllm_tpu.doctor:loadability_probe",
@@ -35,7 +36,8 @@ SPEC = RunnerSpec(
     unserved={"logprobs": "vLLM 0.13 TPUModelRunner: the engine core's output thread dies on 'numpy.int64 is not "
                           "serializable' and the request hangs (LogprobsLists is numpy since vllm-project/vllm#28245; "
                           "same failure: tenstorrent/tt-xla#3310)"},
-    pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21"},  # requirements/full.lock
+    pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21", "jax": "0.7.1",
+          "jaxlib": "0.7.1"},  # requirements/full.lock
     watcher="aotc.runners.vllm_tpu.watcher:Watcher",
     twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention"),
 )
