@@ -1,0 +1,56 @@
+"""Writes the model zoo's tiny configs: one directory per architecture with config.json and the demo
+tokenizer (tiny-llama's), for dummy-weight builds on the CPU twins. No weights, nothing from a hub.
+
+Each config is the architecture's real config.json shape with every size cut down: 2 layers, hidden 64,
+the demo's 512-token vocabulary. Run once after editing ZOO; the output is committed.
+
+    python configs/models/make_tiny_models.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TOKENIZER = HERE / "tiny-llama"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+COMMON = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": None,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+# MoE sizes: a multiple of 16 tokens x top-k reaches the grouped matmuls of every backend.
+MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True}
+
+ZOO: dict[str, dict] = {
+    "tiny-qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **MOE,
+                       "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
+                       "output_router_logits": False, "router_aux_loss_coef": 0.001},
+    "tiny-mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
+                     "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "output_router_logits": False},
+    "tiny-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False},
+    "tiny-qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
+}
+
+
+def write(name: str, fields: dict) -> Path:
+    out = HERE / name
+    out.mkdir(exist_ok=True)
+    (out / "config.json").write_text(json.dumps({**COMMON, **fields}, indent=2) + "\n")
+    for file in TOKENIZER_FILES:
+        shutil.copyfile(TOKENIZER / file, out / file)
+    return out
+
+
+def main() -> None:
+    for name, fields in ZOO.items():
+        print(write(name, fields))
+
+
+if __name__ == "__main__":
+    main()
