@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from aotc.engine_args import graph_args
 from aotc.files import sha256_file
 from aotc.matrix import Entry
 from aotc.runners.spec import load_runner
@@ -204,7 +205,8 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "max_num_seqs": entry.max_num_seqs,
         "max_num_batched_tokens": entry.max_num_batched_tokens,
         "tensor_parallel_size": entry.tensor_parallel_size,
-        "engine": dict(sorted(entry.engine.items())),
+        # every vllm serve argument the matrix set, but those a pod chooses freely (aotc/engine_args.py)
+        "engine": graph_args(entry.engine),
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
         "kv_blocks": kv_blocks(entry),
         "env": runner_env(entry, environ),

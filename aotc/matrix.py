@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator,
+                      model_validator)
 
+from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts
 from aotc.errors import BadInput, MatrixError
 from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner
 
@@ -30,11 +32,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class EngineArgs(_Strict):
-    """vLLM engine arguments that change compiled graphs or their cache keys."""
+def _engine_keys(data: Any) -> Any:
+    """Argument names as vLLM reads them; the matrix's own keys are set in their own places."""
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for key, value in data.items():
+        name = normalize(str(key))
+        if name in OWN_KEYS:
+            raise ValueError(f"{key}: set by the matrix itself (matrix axes, dtype, model, revision), not engine:")
+        out[name] = value
+    return out
+
+
+class EngineArgs(BaseModel):
+    """Any ``vllm serve`` argument (the stack's parser checks names and values: aotc/engine_args.py). The few
+    aotc reads itself are typed here."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    _keys = model_validator(mode="before")(_engine_keys)
 
     block_size: PositiveInt | None = None
-    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = None
+    kv_cache_dtype: StrictStr | None = None
     quantization: StrictStr | None = None
     enable_prefix_caching: StrictBool | None = None
     max_logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
@@ -86,7 +106,12 @@ def _axis(minimum: int):
     return Annotated[list[Annotated[StrictInt, Field(ge=minimum)]], Field(min_length=1)]
 
 
-class Axes(_Strict):
+class Axes(BaseModel):
+    """The four shape axes, and any engine argument swept as an axis of its own (``async_scheduling:
+    [true, false]``, ``speculative_config: [{...}, {...}]``): a list of values, one entry each."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     # The minimums are vLLM's own (SchedulerConfig, ParallelConfig: ge=1); aotc needs an explicit length,
     # so max_model_len has no "auto". Every other rule is the runner's (RunnerSpec.validate).
     max_model_len: _axis(1)
@@ -94,12 +119,32 @@ class Axes(_Strict):
     max_num_batched_tokens: _axis(1)
     tensor_parallel_size: _axis(1) = [1]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_axes(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        shape = set(cls.model_fields)
+        out = {k: v for k, v in data.items() if k in shape}
+        for key, values in _engine_keys({k: v for k, v in data.items() if k not in shape}).items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{key}: an engine-argument axis is a non-empty list of values, got {values!r}")
+            out[key] = values
+        return out
+
     @field_validator("*")
     @classmethod
     def _distinct(cls, values: list[int]) -> list[int]:
         if len(set(values)) != len(values):
             raise ValueError(f"values repeat: {values}")
         return values
+
+    def engine_axes(self) -> dict[str, list[Any]]:
+        axes = dict(self.model_extra or {})
+        for key, values in axes.items():
+            if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+                raise ValueError(f"{key}: values repeat: {values}")
+        return axes
 
 
 class ModelSpec(Settings):
@@ -176,8 +221,20 @@ class Matrix:
         return [self.entry(n) for n in names] if names else list(self.entries)
 
 
-def entry_name(model_name: str, len_: int, seqs: int, tok: int, tp: int) -> str:
-    return f"{model_name}--len{len_}-seqs{seqs}-tok{tok}-tp{tp}"
+def entry_name(model_name: str, len_: int, seqs: int, tok: int, tp: int, swept: dict[str, str] | None = None) -> str:
+    """``swept``: each engine-argument axis's label for this entry's value (``axis_label``)."""
+    extra = "".join(f"-{key}.{label}" for key, label in (swept or {}).items())
+    return f"{model_name}--len{len_}-seqs{seqs}-tok{tok}-tp{tp}{extra}"
+
+
+def axis_label(values: list[Any], index: int) -> str:
+    """A scalar names itself (``true``, ``fp8``); a mapping or list its 1-based place in the axis."""
+    value = values[index]
+    if isinstance(value, (dict, list)):
+        return str(index + 1)
+    text = json.dumps(value) if isinstance(value, bool) else str(value)
+    label = re.sub(r"[^a-z0-9._]+", "_", text.lower()).strip("_")
+    return label or str(index + 1)
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -263,7 +320,7 @@ def _merge(defaults: Settings, model: ModelSpec) -> dict[str, Any]:
 
 
 def _expand(spec: MatrixFile, file: str, base_dir: Path) -> list[Entry]:
-    entries: list[Entry] = []
+    entries: list[tuple[Entry, str]] = []
     seen: dict[str, str] = {}
     for index, model in enumerate(spec.models):
         where = f"models[{model.name!r}]"
@@ -271,10 +328,19 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path) -> list[Entry]:
         model_path = _local_model_dir(model.model, base_dir)
         hf_config = _read_model_config(model_path, file, where) if model_path else None
         axes = model.matrix
-        for len_, seqs, tok, tp in itertools.product(
-            axes.max_model_len, axes.max_num_seqs, axes.max_num_batched_tokens, axes.tensor_parallel_size
+        try:
+            swept = axes.engine_axes()
+        except ValueError as exc:
+            raise MatrixError(file, f"{where}.matrix", str(exc)) from None
+        for key in swept.keys() & settings["engine"].keys():
+            raise MatrixError(file, f"{where}.matrix.{key}", "set both as an axis and under engine:")
+        for len_, seqs, tok, tp, *picks in itertools.product(
+            axes.max_model_len, axes.max_num_seqs, axes.max_num_batched_tokens, axes.tensor_parallel_size,
+            *(range(len(values)) for values in swept.values())
         ):
-            name = entry_name(model.name, len_, seqs, tok, tp)
+            chosen = {key: values[i] for (key, values), i in zip(swept.items(), picks)}
+            labels = {key: axis_label(values, i) for (key, values), i in zip(swept.items(), picks)}
+            name = entry_name(model.name, len_, seqs, tok, tp, labels)
             if name in seen:
                 raise MatrixError(file, f"models[{index}].name",
                                   f"duplicate entry name {name!r} (also from {seen[name]})")
@@ -282,10 +348,27 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path) -> list[Entry]:
             entry = Entry(name=name, model_name=model.name, model=model.model, revision=model.revision,
                           max_model_len=len_, max_num_seqs=seqs, max_num_batched_tokens=tok,
                           tensor_parallel_size=tp, model_path=str(model_path) if model_path else None,
-                          **settings)
+                          **{**settings, "engine": {**settings["engine"], **chosen}})
             _check_entry(entry, hf_config, file, where)
-            entries.append(entry)
-    return entries
+            entries.append((entry, where, frozenset(swept)))
+    _check_engine_args(entries, file)
+    return [entry for entry, *_ in entries]
+
+
+def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: str) -> None:
+    """Each runner's ``vllm serve`` parser, in its own interpreter, on every entry's ``engine:``; an error
+    names the key where the matrix set it (``engine.X`` or, for a swept argument, ``matrix.X``)."""
+    from aotc.fingerprint import runner_python, runner_versions
+
+    for runner in dict.fromkeys(entry.runner for entry, *_ in entries):
+        mine = [item for item in entries if item[0].runner == runner]
+        verdicts = stack_verdicts(runner_python(runner), runner_versions(runner), [item[0].engine for item in mine])
+        for (entry, where, swept), verdict in zip(mine, verdicts):
+            if verdict:
+                flag = re.search(r"argument (--[a-z0-9-]+)", verdict)
+                key = normalize(flag[1]) if flag else ""
+                path = f"{where}.{'matrix' if key in swept else 'engine'}" + (f".{key}" if key else "")
+                raise MatrixError(file, path, f"vllm serve ({runner}): {verdict}")
 
 
 def _local_model_dir(model: str, base_dir: Path) -> Path | None:

@@ -9,7 +9,6 @@ from it: one list of flags and variables, never copied.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aotc.engine_args import cli_flags
 from aotc.matrix import Entry
 from aotc.runners.spec import load_runner
 
@@ -72,23 +72,6 @@ def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[s
     return args, env
 
 
-def cli_flags(args: Mapping[str, Any]) -> list[str]:
-    """vLLM's argparse spelling: ``max_model_len=128`` -> ``--max-model-len 128``; booleans as
-    ``--x`` / ``--no-x``; dicts and lists as JSON."""
-    flags: list[str] = []
-    for key, value in args.items():
-        if value is None or key == MODEL_ARG:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, (dict, list)):
-            flags += [flag, json.dumps(value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
 def vllm_executable(runner: str, environ: Mapping[str, str] | None = None) -> str:
     """The ``vllm`` console script beside the runner's interpreter (its own venv, or this one)."""
     from aotc.fingerprint import runner_python
@@ -102,7 +85,8 @@ def serve_command(entry: Entry, cache_dir: str | Path, port: int, *, host: str =
     args, env = serve_settings(entry, str(cache_dir))
     if guard is not None:
         env["AOTC_GUARD"] = guard
-    argv = [vllm_executable(entry.runner, environ), "serve", str(args[MODEL_ARG]), *cli_flags(args),
+    flags = cli_flags({key: value for key, value in args.items() if key != MODEL_ARG})
+    argv = [vllm_executable(entry.runner, environ), "serve", str(args[MODEL_ARG]), *flags,
             "--host", host, "--port", str(port)]
     return ServerCommand(argv=argv, env=env, host=host, port=port)
 

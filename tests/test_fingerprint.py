@@ -38,6 +38,12 @@ ENTRY_CHANGES = {
     "tensor_parallel_size": {"tensor_parallel_size": 2},
     "engine_arg": {"engine": {"block_size": 32}},
     "engine_arg_added": {"engine": {"block_size": 16, "max_logprobs": 5}},
+    # one per kind of vllm serve argument the matrix may set: a switch, a count, a JSON config, a string
+    "engine_switch": {"engine": {"block_size": 16, "async_scheduling": False}},
+    "engine_count": {"engine": {"block_size": 16, "data_parallel_size": 2}},
+    "engine_json_config": {"engine": {"block_size": 16, "speculative_config": {"method": "ngram",
+                                                                               "num_speculative_tokens": 2}}},
+    "engine_string": {"engine": {"block_size": 16, "kv_cache_dtype": "fp8"}},
     "runner_env": {"env": {"VLLM_TPU_BUCKET_PADDING_GAP": 128}},
     "most_model_len": {"env": {"VLLM_TPU_BUCKET_PADDING_GAP": 0, "VLLM_TPU_MOST_MODEL_LEN": 1024}},
 }
@@ -48,6 +54,20 @@ def test_each_entry_input_changes_the_digest(name):
     changed = dataclasses.replace(BASE, **ENTRY_CHANGES[name])
     assert digest(changed) != digest()
     assert diff_inputs(fingerprint_entry(changed, ENV).inputs, fingerprint_entry(BASE, ENV).inputs)
+
+
+def test_changed_engine_argument_is_named():
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    ours = dataclasses.replace(BASE, engine={"block_size": 16, "speculative_config": spec})
+    theirs = dataclasses.replace(BASE, engine={"block_size": 16, "speculative_config": {**spec, "num_speculative_tokens": 3}})
+    assert diff_inputs(fingerprint_entry(ours, ENV).inputs, fingerprint_entry(theirs, ENV).inputs) == [
+        "engine.speculative_config.num_speculative_tokens"]
+
+
+@pytest.mark.parametrize("pod_only", [{"host": "0.0.0.0"}, {"port": 9000}, {"served_model_name": ["x"]},
+                                      {"api_key": "k"}, {"uvicorn_log_level": "debug"}])
+def test_pod_only_arguments_leave_the_digest_alone(pod_only):
+    assert digest(dataclasses.replace(BASE, engine={"block_size": 16, **pod_only})) == digest()
 
 
 ENV_CHANGES = {

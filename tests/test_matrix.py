@@ -98,3 +98,31 @@ def test_matrix_error_is_a_value_error():
 def test_unknown_entry_is_bad_input(capsys):
     assert main(["plan", str(CONFIGS / "demo.yaml"), "--entry", "nope"]) == 2
     assert "no entry named 'nope'" in capsys.readouterr().err
+
+
+SWEPT = """
+models:
+  - name: m
+    model: org/model
+    engine: {max-loras: 2, enable_lora: true}
+    matrix:
+      max_model_len: [128]
+      max_num_seqs: [8]
+      max_num_batched_tokens: [64]
+      async_scheduling: [true, false]
+      speculative_config: [{method: ngram, num_speculative_tokens: 2}, {method: ngram, num_speculative_tokens: 4}]
+"""
+
+
+def test_any_engine_argument_is_an_axis_of_its_own():
+    entries = parse_matrix(SWEPT).entries
+    assert [e.name for e in entries] == [
+        "m--len128-seqs8-tok64-tp1-async_scheduling.true-speculative_config.1",
+        "m--len128-seqs8-tok64-tp1-async_scheduling.true-speculative_config.2",
+        "m--len128-seqs8-tok64-tp1-async_scheduling.false-speculative_config.1",
+        "m--len128-seqs8-tok64-tp1-async_scheduling.false-speculative_config.2",
+    ]
+    last = entries[-1].engine
+    assert last["async_scheduling"] is False and last["speculative_config"]["num_speculative_tokens"] == 4
+    # vLLM's parser reads max-loras and max_loras alike; so does the matrix
+    assert last["max_loras"] == 2 and "max-loras" not in last

@@ -10,7 +10,8 @@ import pytest
 from aotc.fingerprint import runner_python
 from aotc.matrix import load_matrix
 from aotc.runners.spec import load_runner
-from aotc.server import cli_flags, serve_command
+from aotc.engine_args import cli_flags
+from aotc.server import serve_command
 
 from .conftest import CONFIGS
 
@@ -55,7 +56,7 @@ def test_torch_xla_twin_serves_with_the_plain_twin_worker(tmp_path):
 
 
 def test_cli_flags_spell_vllm_arguments():
-    assert cli_flags({"model": "m", "max_model_len": 8, "enable_prefix_caching": False, "x": None,
+    assert cli_flags({"max_model_len": 8, "enable_prefix_caching": False, "x": None,
                       "compilation_config": {"level": 0}}) == [
         "--max-model-len", "8", "--no-enable-prefix-caching", "--compilation-config", '{"level": 0}']
 

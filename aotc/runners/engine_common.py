@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from aotc.engine_args import POD_ONLY_ARGS
+
 
 def apply_env(env: dict[str, str | None]) -> None:
     """Set each variable; ``None`` unsets it."""
@@ -36,3 +38,14 @@ def engine_args(entry: dict[str, Any], model: str, local: bool, seed: int, **run
         args["revision"] = entry["revision"]
     args.update(entry.get("engine") or {})
     return args
+
+
+def llm_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments an in-process ``LLM(...)`` takes: ``vllm serve``'s front-end settings (a pod's host,
+    its served names, its logging) belong to the server alone and change no graph. Imports vLLM."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    return {key: value for key, value in args.items() if key in fields and key not in POD_ONLY_ARGS}

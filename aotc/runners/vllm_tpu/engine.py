@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from aotc.runners.engine_common import apply_env
+from aotc.runners.engine_common import apply_env, llm_args
 from aotc.runners.engine_common import engine_args as common_engine_args
 
 from .cpu_platform import ENV_FLAG as TWIN_FLAG
@@ -114,7 +114,7 @@ def start_engine(entry: dict[str, Any], cache_dir: str, seed: int):
     from vllm import LLM
 
     # Prompts are token ids here; the tokenizer changes no graph.
-    llm = LLM(**engine_args(entry, seed), skip_tokenizer_init=True, disable_log_stats=True)
+    llm = LLM(**llm_args(engine_args(entry, seed)), skip_tokenizer_init=True, disable_log_stats=True)
     return llm, time.perf_counter() - started
 
 

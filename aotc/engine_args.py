@@ -1,0 +1,108 @@
+"""The matrix's ``engine:``: any ``vllm serve`` argument, checked by the serving stack's own parser.
+
+A key is an argument name as vLLM spells it in Python (``max_loras``; ``max-loras`` is taken too) and its
+value what YAML gives (scalars, lists, mappings for JSON arguments such as ``speculative_config``). Which
+names exist and which values they take is the stack's word: ``aotc/runners/serve_args.py`` runs
+``vllm serve``'s argparse in the runner's interpreter. Its verdicts are kept on disk per interpreter,
+versions and flags, so only a new matrix pays the stack's import. Where the runner's interpreter has no
+vLLM at all (an init container that only fetches), nothing is checked: the build already was.
+
+Every argument enters the fingerprint except the pod-only ones below, which change no graph and no key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from aotc.errors import BadInput
+
+# Settings a pod chooses freely: where it listens, who may call it, what it calls its model, how it logs.
+# None changes a compiled graph or its cache key, so none enters the fingerprint (docs/design.md).
+POD_ONLY_ARGS = frozenset({
+    "host", "port", "uds", "api_key", "served_model_name", "root_path", "middleware",
+    "allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials",
+    "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "enable_ssl_refresh",
+    "uvicorn_log_level", "disable_uvicorn_access_log", "disable_log_requests", "enable_log_requests",
+    "enable_log_outputs", "disable_log_stats", "max_log_len", "disable_fastapi_docs",
+    "enable_request_id_headers", "enable_server_load_tracking", "h11_max_incomplete_event_size",
+    "h11_max_header_count", "log_error_stack", "lora_modules",
+})
+# Arguments aotc sets itself from the matrix's own keys (axes, dtype, model); the matrix says them there.
+OWN_KEYS = frozenset({"model", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                      "dtype", "revision", "seed", "load_format"})
+CHECK_TIMEOUT = 300
+
+
+def normalize(key: str) -> str:
+    """``max-loras`` and ``max_loras`` are one argument, as vLLM's parser reads them."""
+    return key.strip().lstrip("-").replace("-", "_")
+
+
+def graph_args(engine: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments that can change a graph or its key: all but the pod-only ones, sorted."""
+    return {k: engine[k] for k in sorted(engine) if k not in POD_ONLY_ARGS}
+
+
+def cli_flags(args: dict[str, Any]) -> list[str]:
+    """vLLM's argparse spelling: ``max_model_len=128`` -> ``--max-model-len 128``; booleans as
+    ``--x`` / ``--no-x``; mappings and lists as JSON."""
+    flags: list[str] = []
+    for key, value in args.items():
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def stack_verdicts(python: str, versions: dict[str, Any], engines: Iterable[dict[str, Any]]) -> list[str | None]:
+    """For each engine mapping, None when the stack's ``vllm serve`` accepts it, else its complaint (one
+    line). All None when ``python`` has no vLLM."""
+    argvs = [cli_flags(engine) for engine in engines]
+    if not any(argvs):
+        return [None] * len(argvs)
+    key = hashlib.sha256(json.dumps([os.path.realpath(python), versions, argvs], sort_keys=True).encode())
+    cached = _verdict_cache() / f"{key.hexdigest()}.json"
+    try:
+        return json.loads(cached.read_text())
+    except (OSError, ValueError):
+        pass
+    verdicts = _run_parser(python, argvs)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(verdicts))
+        os.replace(tmp, cached)
+    except OSError:
+        pass  # a read-only home only costs the next run the parser's start
+    return verdicts
+
+
+def _run_parser(python: str, argvs: list[list[str]]) -> list[str | None]:
+    try:
+        proc = subprocess.run([python, "-m", "aotc.runners.serve_args"], input=json.dumps({"argvs": argvs}),
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT,
+                              env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")})
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        raise BadInput(f"cannot run vllm serve's argument parser in {python} to check the matrix's engine "
+                       "arguments (is the runner's venv installed? make env / make env-jax)") from None
+    if "absent" in answer:
+        return [None] * len(argvs)
+    return [r["error"] for r in answer["results"]]
+
+
+def _verdict_cache() -> Path:
+    home = os.environ.get("AOTC_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "aotc")
+    return Path(home) / "engine-args"

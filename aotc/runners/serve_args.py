@@ -1,0 +1,90 @@
+"""``vllm serve``'s own argument parser, run in a runner's interpreter: the matrix's ``engine:`` is checked by
+the stack that will serve it, never by a hand list of keys.
+
+Run as ``python -m aotc.runners.serve_args`` with ``{"argvs": [[flag, ...], ...]}`` on stdin; prints one
+JSON line: ``{"results": [{"error": str | None}, ...], "engine_fields": [...]}``, or ``{"absent": why}`` when
+the interpreter has no vLLM (an init container that only fetches). ``engine_fields`` are the arguments an
+in-process ``LLM(...)`` takes (``EngineArgs``); the rest of the parser's are the server front end's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import io
+import json
+import sys
+from contextlib import redirect_stderr
+
+# vLLM 0.13 keeps the serve parser in openai/cli_args.py; vLLM-TPU 0.32's vLLM moved it to launchers/.
+PARSER_MODULES = ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args")
+
+
+class ParseError(Exception):
+    pass
+
+
+def serve_parser():
+    import importlib
+
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    for name in PARSER_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        parser = module.make_arg_parser(FlexibleArgumentParser(prog="vllm serve", exit_on_error=False))
+        parser.error = _raise  # argparse would print usage and exit the process
+        return parser
+    raise ImportError(f"no vllm serve parser in {', '.join(PARSER_MODULES)}")
+
+
+def _raise(message: str):
+    raise ParseError(message)
+
+
+def closest_flag(parser: argparse.ArgumentParser, unknown: str) -> str | None:
+    options = [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
+    match = difflib.get_close_matches(unknown.split("=", 1)[0], options, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def check(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """None if ``vllm serve`` accepts ``argv``, else its own complaint in one line."""
+    try:
+        with redirect_stderr(io.StringIO()):  # vLLM logs deprecations; the verdict is what counts
+            _, unknown = parser.parse_known_args(argv)
+    except (ParseError, argparse.ArgumentError, ValueError, TypeError) as exc:
+        return " ".join(str(exc).split())
+    flags = [word for word in unknown if word.startswith("-")]
+    if flags:
+        hint = closest_flag(parser, flags[0])
+        return f"unknown argument {flags[0]}" + (f" (did you mean {hint}?)" if hint else "")
+    if unknown:
+        after = argv[argv.index(unknown[0]) - 1]
+        return f"argument {after}: takes no value, got {unknown[0]!r}"
+    return None
+
+
+def engine_fields() -> list[str]:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return sorted(f.name for f in dataclasses.fields(EngineArgs))
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    try:
+        parser = serve_parser()
+    except ImportError as exc:
+        print(json.dumps({"absent": str(exc)}))
+        return
+    # a model first, as `vllm serve MODEL` has one: a stray value must not pass for the model tag
+    results = [{"error": check(parser, ["model", *argv])} for argv in request["argvs"]]
+    print(json.dumps({"results": results, "engine_fields": engine_fields()}))
+
+
+if __name__ == "__main__":
+    main()
