@@ -125,7 +125,7 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
 
         if not args.entry:
             raise_usage("fetch --config needs --entry NAME")
-        matrix = load_matrix(args.config)
+        matrix = load_matrix(args.config, check_stack=False)
         entry = matrix.entry(args.entry)
         config_store = matrix.store
     url = resolve_store_url(args.store, config_store)

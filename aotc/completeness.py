@@ -43,7 +43,7 @@ def check_completeness(config: str, store_url: str | None) -> CompletenessReport
     from aotc.matrix import load_matrix
     from aotc.store import Store, resolve_store_url
 
-    matrix = load_matrix(config)
+    matrix = load_matrix(config, check_stack=False)
     store = Store.from_url(resolve_store_url(store_url, matrix.store))
     rows = []
     for entry in matrix.entries:
