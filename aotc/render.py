@@ -33,6 +33,9 @@ def render_plans(plans: list[BuildPlan], console) -> None:
             by_family.setdefault(g.family, []).append(g)
         for family, specs in by_family.items():
             table.add_row(family, str(len(specs)), _shape_summary(specs))
+            if beyond := [g for g in specs if g.beyond_warmup]:
+                # the stack's own warm-up skips these; a server reaches them: aotc compiles them itself
+                table.add_row("", f"({len(beyond)})", f"beyond the stack's warm-up: {_shape_summary(beyond)}")
         table.add_section()
         table.add_row("total", str(len(plan.graphs)), "; ".join(f"{k}={v}" for k, v in plan.buckets.items()))
         console.print(table)

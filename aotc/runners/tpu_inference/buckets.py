@@ -77,8 +77,9 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     graphs = [GraphSpec.of("sample", num_reqs=r, do_sampling=s, logprobs=lp, allow_distributed_sampling=True)
               for r in reqs for s in (True, False) for lp in (True, False)]
     graphs += [GraphSpec.of("gather_logprobs", num_reqs=r) for r in reqs]
-    graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t)
-               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS]
+    # above MAX_PRECOMPILE_PROMPT_TOKENS the stack's warm-up skips them; a server with prompt_logprobs reaches them
+    graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t, beyond_warmup=t > MAX_PRECOMPILE_PROMPT_TOKENS)
+               for t in tokens]
     graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r) for t in tokens for r in p["attn_reqs"]]
     # Async scheduling (vLLM's default): next tokens the size of the input, or of a request bucket.
     for n in sorted(set(tokens) | set(reqs)):
