@@ -28,7 +28,7 @@ help:
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
 	@echo "make test-fast     the suite without the slow end-to-end tests"
-	@echo "make bench         benchmarks (store fetch, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
+	@echo "make bench         benchmarks (store fetch and publish, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
 	@echo "make images        docker build the two images configs/k8s names (make -n images prints the commands)"
 
@@ -86,6 +86,7 @@ test-fast: env
 
 bench: env env-jax
 	$(BIN)/python bench/bench_fetch.py
+	$(BIN)/python bench/bench_publish.py
 	$(BIN)/python bench/bench_build.py --jobs-scaling
 	$(BIN)/python bench/bench_startup.py
 

@@ -25,12 +25,11 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_fetch.py's harness
-from bench_fetch import MB, Run, start_proxy, synthetic_files, timed  # noqa: E402
+from bench_fetch import MB, LoopbackGcs, Run, synthetic_files, timed  # noqa: E402
 
 from aotc.publish import publish_artifacts  # noqa: E402
 from aotc.store import Store  # noqa: E402
 from aotc.testing.artifacts import make_artifact, random_files  # noqa: E402
-from aotc.testing.gcs_server import FakeGcs  # noqa: E402
 
 
 def demo_files() -> dict[str, bytes]:
@@ -53,31 +52,28 @@ def main() -> None:
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="aotc-bench-publish-"))
-    server = FakeGcs().start()
-    proxy, proxy_url = start_proxy(server.url, args.latency)
-    harness = [server._proc.pid, proxy.pid]
+    gcs = LoopbackGcs(args.latency)
+    server, proxy_url, harness = gcs.server, gcs.proxy_url, gcs.pids
     try:
         files = synthetic_files(args.scale) if args.scale else demo_files()
         art = make_artifact(scratch / "artifacts", entry="bench--len2048-tp1", files=files)
         print(f"artifact: {len(files)} files, {sum(map(len, files.values())) / MB:.1f} MiB; proxy latency "
               f"{args.latency * 1000:.0f} ms; {os.cpu_count()} cores", flush=True)
         del files
-        gcs: list[Run] = []
-        local: list[Run] = []
+        to_gcs: list[Run] = []
+        to_folder: list[Run] = []
         for _ in range(args.rounds):
             bucket = server.make_bucket(f"bench-{uuid.uuid4().hex[:8]}")
             store = Store.from_url(f"gs://{bucket}/store", endpoint_url=proxy_url, token="anon")
-            gcs.append(timed("publish to GCS (through the proxy)",
+            to_gcs.append(timed("publish to GCS (through the proxy)",
                              lambda: publish_artifacts([str(art)], store.url, store=store), harness))
             folder = str(scratch / f"store-{uuid.uuid4().hex[:8]}")
-            local.append(timed("publish to a local folder", lambda: publish_artifacts([str(art)], folder), harness))
+            to_folder.append(timed("publish to a local folder", lambda: publish_artifacts([str(art)], folder), harness))
             shutil.rmtree(folder)
-        summary("GCS", gcs)
-        summary("local folder", local)
+        summary("GCS", to_gcs)
+        summary("local folder", to_folder)
     finally:
-        proxy.kill()
-        proxy.wait()
-        server.stop()
+        gcs.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
