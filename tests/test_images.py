@@ -96,29 +96,29 @@ def install_problems(dockerfile_text: str) -> list[str]:
     steps = instructions(dockerfile_text)
     copies = [shlex.split(args) for name, args in steps if name == "COPY"]
     lock_copies = [c[-1] for c in copies if c[:-1] == ["${LOCK}"]]
-    problems = [] if len(lock_copies) == 1 else [f"COPY ${{LOCK}} must appear once, found {len(lock_copies)}"]
     aotc_dirs = [c[-1] for c in copies if c[:-1] == ["aotc"]]
-    pip_commands = [cmd for name, args in steps if name == "RUN" for cmd in shell_commands(args)
-                    if "pip" in cmd]
-    order = []
-    for cmd in pip_commands:
-        if cmd[:4] == ["python", "-m", "pip", "install"] and cmd[4:] == ["--no-cache-dir", "uv==${UV_VERSION}"]:
-            order.append("uv")
-        elif cmd[:3] == ["uv", "pip", "sync"]:
-            order.append("sync")
-            if "--require-hashes" not in cmd or cmd[-1] not in lock_copies:
-                problems.append(f"{shlex.join(cmd)}: must sync the copied ${{LOCK}} with --require-hashes")
-        elif cmd[:3] == ["uv", "pip", "install"]:
-            order.append("aotc")
-            source = cmd[-1]
-            if "--no-deps" not in cmd or {"-e", "--editable"} & set(cmd) or \
-                    not any(d.rstrip("/").startswith(source.rstrip("/")) for d in aotc_dirs):
-                problems.append(f"{shlex.join(cmd)}: must install the copied aotc source, --no-deps, not editable")
-        else:
-            problems.append(f"{shlex.join(cmd)}: installs something the lock does not pin")
-    if order != ["uv", "sync", "aotc"]:
-        problems.append(f"installs in the order {order}, not uv, then the lock, then aotc")
+    pip_commands = [cmd for name, args in steps if name == "RUN" for cmd in shell_commands(args) if "pip" in cmd]
+    checked = [pip_step(cmd, lock_copies, aotc_dirs) for cmd in pip_commands]
+    problems = [problem for _, problem in checked if problem]
+    if len(lock_copies) != 1:
+        problems.append(f"COPY ${{LOCK}} must appear once, found {len(lock_copies)}")
+    if [step for step, _ in checked] != ["uv", "sync", "aotc"]:
+        problems.append(f"installs in the order {[step for step, _ in checked]}, not uv, then the lock, then aotc")
     return problems
+
+
+def pip_step(cmd: list[str], lock_copies: list[str], aotc_dirs: list[str]) -> tuple[str, str | None]:
+    """Which install step a pip command is, and what is wrong with it (None: nothing)."""
+    if cmd == ["python", "-m", "pip", "install", "--no-cache-dir", "uv==${UV_VERSION}"]:
+        return "uv", None
+    if cmd[:3] == ["uv", "pip", "sync"]:
+        hashed = "--require-hashes" in cmd and cmd[-1] in lock_copies
+        return "sync", None if hashed else f"{shlex.join(cmd)}: must sync the copied ${{LOCK}} with --require-hashes"
+    if cmd[:3] == ["uv", "pip", "install"]:
+        from_copy = any(d.rstrip("/").startswith(cmd[-1].rstrip("/")) for d in aotc_dirs)
+        exact = "--no-deps" in cmd and not {"-e", "--editable"} & set(cmd) and from_copy
+        return "aotc", None if exact else f"{shlex.join(cmd)}: must install the copied aotc, --no-deps, not editable"
+    return "other", f"{shlex.join(cmd)}: installs something the lock does not pin"
 
 
 def test_every_image_the_manifests_name_is_one_make_images_builds():

@@ -2,6 +2,7 @@
 
 Faults (each rule hits ``times`` matching requests, every ``every``-th one, per distinct path when
 ``per_path``; a request matches when ``match`` is in its path and query, and ``body``, when set, in its body):
+  pass           forward unchanged (``injected["pass"]`` counts the requests the rule matched)
   503            answer 503 without forwarding
   reset          drop the connection before forwarding
   drop_response  forward (the server acts on it), then drop the connection: a reply lost in transit
