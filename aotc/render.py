@@ -212,14 +212,14 @@ def render_publish(results: list[Any], url: str, console: Any) -> None:
     from aotc.publish import ALREADY, OTHER_WON, PUBLISHED
 
     table = Table(title=f"published to {url}", title_justify="left")
-    for column in ("entry", "fingerprint", "status", "uploaded", "repaired", "reused", "size", "seconds"):
+    for column in ("entry", "fingerprint", "status", "uploaded", "repaired", "retried", "reused", "size", "seconds"):
         table.add_column(column)
     labels = {PUBLISHED: "[green]published[/green]", ALREADY: "already there",
               OTHER_WON: "[yellow]another publish won[/yellow]"}
     for r in results:
         table.add_row(r.entry, r.fingerprint[:16], labels.get(r.status, r.status),
                       f"{r.uploaded_objects} ({human_size(r.uploaded_size)})", str(r.repaired_objects),
-                      str(r.reused_objects), human_size(r.size), f"{r.seconds:.1f}")
+                      str(r.retried_uploads), str(r.reused_objects), human_size(r.size), f"{r.seconds:.1f}")
     console.print(table)
 
 
