@@ -4,6 +4,9 @@
 2. The stock ``vllm serve`` of the entry (aotc/server.py) with ``AOTC_GUARD=strict``; wait for ``/health``.
 3. vLLM's own ``vllm bench serve`` (random dataset, lengths spread over the entry's limits, concurrency
    ``max_num_seqs``) plus OpenAI-API requests covering the sampling knobs, greedy and random in one batch.
+   An entry with ``enable_lora`` serves an adapter (the matrix's ``lora_modules``, else a random one shaped
+   for the model, aotc/runners/lora.py); every load names the base model and the adapters mixed, and one
+   more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded.
 4. Evidence, strongest first: files the server wrote into the private cache (a new file is a graph the
    artifact lacks; a rewritten one a cached graph compiled again, torch_xla 2.9.0's case); the runner's
    own cache log where it has one (tpu-inference: JAX's per-lookup hit / miss lines, by phase); the
@@ -33,8 +36,10 @@ from typing import Any
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
+from aotc.runners.lora import ADAPTER_NAME, write_adapter
 from aotc.runners.spec import load_runner
-from aotc.server import Server, ServerCommand, free_port, serve_command
+from aotc.runners.traffic import lora_slots
+from aotc.server import Server, ServerCommand, free_port, lora_module_map, serve_command
 
 LOADABILITY_REFERENCE = "pytorch/xla#9094"
 # The guard's series on vLLM's /metrics (aotc/guard_metrics.py), e.g. aotc_compiles_after_ready_total{family="cached"} 1.0
@@ -157,12 +162,15 @@ def run_canary(config: str, entry_name: str, store: str | None = None, requests:
     entry = matrix.entry(entry_name)
     with _work_dir(work_dir) as work:
         cache = work / "cache"
-        command = serve_command(entry, cache, free_port(), guard="strict")
+        adapters = canary_adapters(entry, work)
+        command = serve_command(entry, cache, free_port(), guard="strict", lora_modules=adapters.served)
+        if adapters.runtime:
+            command.env[RUNTIME_LORA_ENV] = "1"
         log(f"fetch {entry.name} into {cache}")
         manifest = fetch(config, entry.name, store, cache, command)
         result = CanaryResult(entry=entry.name, runner=entry.runner, fingerprint=manifest.fingerprint,
                               loadable=manifest.verify.loadable if manifest.verify else None)
-        run_server(entry, command, cache, work, manifest, result, requests, seed, log)
+        run_server(entry, command, cache, work, manifest, result, requests, seed, log, adapters)
         result.graphs_missing = name_graphs(manifest, result.startup.missing + result.serving.missing)
         return result
 
@@ -198,7 +206,8 @@ def fetch(config: str, entry: str, store: str | None, dest: Path, command: Serve
 
 
 def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, manifest: Manifest,
-               result: CanaryResult, requests: int, seed: int, log) -> None:
+               result: CanaryResult, requests: int, seed: int, log, adapters: Adapters | None = None) -> None:
+    adapters = adapters or Adapters()
     cache_log = runner_cache_log(entry.runner)
     command = ServerCommand(command.argv, {**command.env, **cache_log.get("env", {})}, command.host, command.port)
     server_log = work / "server.log"
@@ -209,14 +218,17 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         ready_offset = server_log.stat().st_size
         at_ready = Snapshot.of(cache)
         log(f"ready after {result.ready_seconds} s; driving {requests} requests")
-        bench = run_bench(entry, command, work, requests, seed)
+        models = adapters.models(command.model)
+        bench = run_bench(entry, command, work, requests, seed, models)
         unserved = load_runner(entry.runner).unserved
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
-        mix = run_sampling_mix(command, entry, skip=tuple(unserved))
+        mix = run_sampling_mix(command, entry, skip=tuple(unserved), models=models)
+        if adapters.runtime:
+            mix = merge_counts(mix, run_runtime_adapter(command, entry, adapters.runtime, tuple(unserved)))
         result.bench = bench
         result.requests = bench.get("completed", 0) + mix["completed"]
         result.failed_requests = bench.get("failed", 0) + mix["failed"]
-        result.problems += bench.get("problems", [])
+        result.problems += bench.get("problems", []) + mix.get("problems", [])
         result.failures = mix["errors"]
         result.guard = scrape_guard(command.url)
         server.stop()
@@ -277,8 +289,10 @@ def bench_lengths(entry: Entry) -> dict[str, str]:
             "--random-range-ratio": str(ratio)}
 
 
-def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, seed: int) -> dict[str, Any]:
-    """vLLM's own load generator against the server (the runner's ``vllm bench serve``)."""
+def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, seed: int,
+              models: tuple[str, ...] = ()) -> dict[str, Any]:
+    """vLLM's own load generator against the server (the runner's ``vllm bench serve``); with LoRA
+    ``models`` (the base model and adapters), each request names one of them at random."""
     vllm = command.argv[0]
     argv = [vllm, "bench", "serve", "--backend", "vllm", "--base-url", command.url, "--model", command.model,
             "--tokenizer", command.model, "--dataset-name", "random", "--num-prompts", str(requests),
@@ -286,6 +300,8 @@ def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, s
             "--seed", str(seed), "--disable-tqdm", "--save-result", "--result-dir", str(work),
             "--result-filename", "bench.json", "--percentile-metrics", "ttft,tpot,itl,e2el",
             *[x for kv in bench_lengths(entry).items() for x in kv]]
+    if len(models) > 1:
+        argv += ["--lora-modules", *models]
     env = {**command.process_env(), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=max(600, requests * 10))
     (work / "bench.log").write_text(proc.stdout + proc.stderr)
@@ -319,8 +335,11 @@ def sampling_mix(entry: Entry) -> list[dict[str, Any]]:
 
 
 def run_sampling_mix(command: ServerCommand, entry: Entry, skip: tuple[str, ...] = (),
-                     timeout: float = 300) -> dict[str, Any]:
-    bodies = [{**{k: v for k, v in b.items() if k not in skip}, "model": command.model} for b in sampling_mix(entry)]
+                     timeout: float = 300, models: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mix at once; request i names ``models[i % len(models)]`` (default: the base model alone)."""
+    models = models or (command.model,)
+    bodies = [{**{k: v for k, v in b.items() if k not in skip}, "model": models[i % len(models)]}
+              for i, b in enumerate(sampling_mix(entry))]
     # Twice at once: a batch of max_num_seqs mixing every knob, greedy with random.
     bodies = (bodies * (1 + entry.max_num_seqs // len(bodies)))[:max(entry.max_num_seqs, len(bodies))]
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
@@ -329,11 +348,70 @@ def run_sampling_mix(command: ServerCommand, entry: Entry, skip: tuple[str, ...]
     return {"completed": len(outcomes) - len(failed), "failed": len(failed), "errors": sorted(set(failed))[:3]}
 
 
+# --- LoRA ---------------------------------------------------------------------------------------------
+
+# vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (a pod-only setting: no graph).
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+RUNTIME_ADAPTER = "aotc-lora-runtime"
+
+
+@dataclass(frozen=True)
+class Adapters:
+    served: dict[str, str] = field(default_factory=dict)
+    """name -> dir the stock server is started with (besides those the matrix names)."""
+    named: tuple[str, ...] = ()
+    """Every adapter name the server serves from start (the matrix's and ``served``)."""
+    runtime: str | None = None
+    """An adapter dir to load at run time, send requests to and unload; None: no LoRA."""
+
+    def models(self, base: str) -> tuple[str, ...]:
+        return (base, *self.named)
+
+
+def canary_adapters(entry: Entry, work: Path) -> Adapters:
+    """The adapters of an entry with enable_lora: the matrix's ``lora_modules`` if it names any, else a
+    random one written for the model (graphs depend on max_loras / max_lora_rank, not on an adapter)."""
+    if not lora_slots(entry.engine):
+        return Adapters()
+    named = lora_module_map(entry.engine.get("lora_modules"))
+    config_path = entry.model_config_path
+    if config_path is None:
+        if not named:
+            raise BadInput(f"canary: {entry.name} enables LoRA but names no lora_modules, and its model has no "
+                           "local config.json to shape a test adapter for")
+        return Adapters(named=tuple(named), runtime=next(iter(named.values())))
+    rank = min(8, int(entry.engine.get("max_lora_rank") or 8))
+    path = str(write_adapter(work / "lora", json.loads(config_path.read_text()), rank=rank))
+    served = {} if named else {ADAPTER_NAME: path}
+    return Adapters(served=served, named=tuple({**named, **served}), runtime=path)
+
+
+def run_runtime_adapter(command: ServerCommand, entry: Entry, path: str, skip: tuple[str, ...]) -> dict[str, Any]:
+    """Load an adapter into the running server, send the mix to it and the base model, unload it."""
+    loaded = post_json(command.url + "/v1/load_lora_adapter", {"lora_name": RUNTIME_ADAPTER, "lora_path": path}, 60)
+    if isinstance(loaded, str):
+        return {"completed": 0, "failed": 0, "errors": [], "problems": [f"load_lora_adapter: {loaded}"]}
+    mix = run_sampling_mix(command, entry, skip=skip, models=(RUNTIME_ADAPTER, command.model))
+    unloaded = post_json(command.url + "/v1/unload_lora_adapter", {"lora_name": RUNTIME_ADAPTER}, 60)
+    if isinstance(unloaded, str):
+        mix["problems"] = [f"unload_lora_adapter: {unloaded}"]
+    return mix
+
+
+def merge_counts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {"completed": a["completed"] + b["completed"], "failed": a["failed"] + b["failed"],
+            "errors": (a["errors"] + b["errors"])[:3], "problems": a.get("problems", []) + b.get("problems", [])}
+
+
 def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | str:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
+            text = response.read()
+        try:
+            return json.loads(text)
+        except ValueError:  # /v1/load_lora_adapter answers 200 with plain text
+            return {"text": text.decode(errors="replace")}
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code} for {sorted(k for k in body if k not in ('prompt', 'model'))}: {exc.read()[:200]!r}"
     except (urllib.error.URLError, OSError, TimeoutError) as exc:

@@ -138,11 +138,16 @@ def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int |
 
 
 def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
-    """The runner-read variables as the build will set them: the config's value, else the process's."""
+    """The runner-read variables as the build will set them: the config's value, else what the runner
+    implies for the entry (its buckets module's ``implied_env``), else the process's."""
+    implied_env = getattr(_runner_buckets(entry), "implied_env", None)
+    implied = implied_env(entry) if implied_env else {}
     env = {}
     for var in load_runner(entry.runner).env_vars:
         if var in entry.env:
             env[var] = str(entry.env[var])
+        elif var in implied:
+            env[var] = implied[var]
         elif var in environ:
             env[var] = environ[var]
     return env

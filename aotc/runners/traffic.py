@@ -7,12 +7,16 @@ random batches — sizes up to max_num_seqs, prompts up to max_model_len minus r
 temperature, top_p, top_k, min_p and logprobs drawn per request — then, for a runner that names its token
 buckets, the step grid: one scheduler step at every reachable request bucket × token bucket pair,
 ± prompt logprobs. The runner supplies its buckets; `prompt_logprobs` adds prompt-logprob requests for
-backends that support them."""
+backends that support them. An entry with ``enable_lora`` sends every batch with base-model requests and
+requests naming each of ``max_loras`` adapters mixed (a random adapter, aotc/runners/lora.py), so the steps
+run with LoRA active as a server's do."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
+import tempfile
 from typing import Any
 
 MAX_NEW_TOKENS = 12
@@ -24,6 +28,8 @@ STEP_NEW_TOKENS = 2
 class Request:
     prompt: list[int]
     sampling: dict[str, Any]
+    adapter: int = 0
+    """0: the base model; k >= 1: the k-th LoRA adapter (its vLLM lora_int_id)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +45,8 @@ class Limits:
     # tpu-inference's jit_split and the prompt-logprob row select) are shaped by the padded request count
     # *and* the padded token count: the sweep then reaches every pair (step_shapes); empty: no grid.
     token_buckets: tuple[int, ...] = ()
+    # LoRA adapters a step may hold at once (the entry's max_loras when enable_lora); 0: no LoRA.
+    loras: int = 0
 
     @property
     def prompt_logprobs(self) -> bool:
@@ -48,7 +56,14 @@ class Limits:
     def of(cls, entry: dict[str, Any], request_buckets: list[int], prompt_logprob_buckets: list[int] = (),
            token_buckets: list[int] = ()) -> Limits:
         return cls(entry["max_model_len"], entry["max_num_seqs"], entry["max_num_batched_tokens"],
-                   tuple(request_buckets), tuple(prompt_logprob_buckets), tuple(token_buckets))
+                   tuple(request_buckets), tuple(prompt_logprob_buckets), tuple(token_buckets),
+                   lora_slots(entry.get("engine") or {}))
+
+
+def lora_slots(engine: dict[str, Any]) -> int:
+    """How many adapters one step may hold: vLLM's max_loras (default 1) when LoRA is on, else 0."""
+    engine = {key.replace("-", "_"): value for key, value in engine.items()}
+    return int(engine.get("max_loras") or 1) if engine.get("enable_lora") else 0
 
 
 def _sampling(rng: random.Random, greedy: bool, logprobs: bool, prompt_logprobs: bool) -> dict[str, Any]:
@@ -163,16 +178,48 @@ def plan_traffic(seed: int, requests: int, limits: Limits, vocab: int) -> list[l
     batches = coverage_batches(rng, limits, vocab)
     while sum(map(len, batches)) < requests:
         batches.append(random_batch(rng, limits, vocab))
-    return batches + step_batches(rng, limits, vocab)
+    return mix_adapters(batches + step_batches(rng, limits, vocab), limits.loras)
+
+
+def mix_adapters(batches: list[list[Request]], loras: int) -> list[list[Request]]:
+    """Request i of batch b names adapter (i + b) mod (loras + 1), 0 being the base model: each batch of
+    two or more mixes base and adapter requests, and batches of one take each in turn. Draws nothing from
+    the sweep's random stream, so an entry without LoRA gets the same traffic as before."""
+    if loras:
+        for b, batch in enumerate(batches):
+            for i, request in enumerate(batch):
+                request.adapter = (i + b) % (loras + 1)
+    return batches
 
 
 def run_traffic(llm, batches: list[list[Request]]) -> int:
     from vllm import SamplingParams
 
     sent = 0
-    for batch in batches:
-        prompts = [{"prompt_token_ids": r.prompt} for r in batch]
-        params = [SamplingParams(**r.sampling) for r in batch]
-        llm.generate(prompts, params, use_tqdm=False)
-        sent += len(batch)
+    with _adapters(llm, batches) as adapters:
+        for batch in batches:
+            prompts = [{"prompt_token_ids": r.prompt} for r in batch]
+            params = [SamplingParams(**r.sampling) for r in batch]
+            loras = [adapters[r.adapter] for r in batch] if adapters else None
+            llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
+            sent += len(batch)
     return sent
+
+
+@contextlib.contextmanager
+def _adapters(llm, batches: list[list[Request]]):
+    """index -> vLLM LoRARequest (None for the base model), one random adapter written for the engine's
+    model and rank; {} when no request names one."""
+    ids = sorted({r.adapter for batch in batches for r in batch} - {0})
+    if not ids:
+        yield {}
+        return
+    from vllm.lora.request import LoRARequest
+
+    from aotc.runners.lora import ADAPTER_NAME, write_adapter
+
+    engine = llm.llm_engine
+    rank = min(8, engine.vllm_config.lora_config.max_lora_rank)
+    with tempfile.TemporaryDirectory(prefix="aotc-lora-") as tmp:
+        path = str(write_adapter(tmp, engine.model_config.hf_config.to_dict(), rank=rank))
+        yield {0: None, **{k: LoRARequest(f"{ADAPTER_NAME}-{k}", k, path) for k in ids}}

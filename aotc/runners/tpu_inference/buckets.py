@@ -113,3 +113,12 @@ def bucket_summary(entry: Entry) -> dict:
     p = paddings(entry)
     return {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
             "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len), "mesh": mesh(entry)}
+
+
+def implied_env(entry: Entry) -> dict[str, str]:
+    """Runner variables this entry sets (fingerprint.runner_env): LoRA runs on vLLM's model code.
+
+    tpu-inference 0.32 serves LoRA only through vLLM's model implementation (MODEL_IMPL_TYPE=vllm, run by
+    torchax): its own JAX models load no LoRA manager, and a server started with --enable-lora on them
+    fails at warm-up ("LoRA is not enabled"). An entry with enable_lora is built and served on that path."""
+    return {"MODEL_IMPL_TYPE": "vllm"} if entry.engine.get("enable_lora") else {}

@@ -40,6 +40,7 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     }
     if entry.get("model_path"):
         env["HF_HUB_OFFLINE"] = "1"
+    env.update(lora_env(entry))
     if entry["device"] == "cpu":
         env.update(twin_device_flags(entry, environ))
         env.update({
@@ -57,6 +58,15 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     else:
         raise ValueError(f"unknown device {entry['device']!r}")
     return env
+
+
+def lora_env(entry: dict[str, Any]) -> dict[str, str]:
+    """The model implementation LoRA needs (buckets.implied_env), for the build and the stock server."""
+    from aotc.matrix import Entry
+
+    from .buckets import implied_env
+
+    return implied_env(Entry.from_dict(entry))
 
 
 def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
