@@ -102,6 +102,8 @@ class CanaryResult:
     """What kept the canary from judging: the load generator failed, the server died."""
     failures: list[str] = field(default_factory=list)
     """A sample of the failed requests' errors."""
+    adapters: list[str] = field(default_factory=list)
+    """LoRA adapters the requests named besides the base model (one loaded at run time among them)."""
     limitations: list[str] = field(default_factory=list)
     """Request options not driven because the stock server of this stack cannot serve them (RunnerSpec.unserved)."""
 
@@ -223,8 +225,11 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         unserved = load_runner(entry.runner).unserved
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
         mix = run_sampling_mix(command, entry, skip=tuple(unserved), models=models)
+        result.adapters = list(adapters.named)
         if adapters.runtime:
-            mix = merge_counts(mix, run_runtime_adapter(command, entry, adapters.runtime, tuple(unserved)))
+            runtime = run_runtime_adapter(command, entry, adapters.runtime, tuple(unserved))
+            mix = merge_counts(mix, runtime)
+            result.adapters += [RUNTIME_ADAPTER] if runtime["completed"] else []
         result.bench = bench
         result.requests = bench.get("completed", 0) + mix["completed"]
         result.failed_requests = bench.get("failed", 0) + mix["failed"]
