@@ -222,4 +222,12 @@ def _adapters(llm, batches: list[list[Request]]):
     rank = min(8, engine.vllm_config.lora_config.max_lora_rank)
     with tempfile.TemporaryDirectory(prefix="aotc-lora-") as tmp:
         path = str(write_adapter(tmp, engine.model_config.hf_config.to_dict(), rank=rank))
-        yield {0: None, **{k: LoRARequest(f"{ADAPTER_NAME}-{k}", k, path) for k in ids}}
+        adapters = {k: LoRARequest(f"{ADAPTER_NAME}-{k}", k, path) for k in ids}
+        # Loaded ahead of the traffic as a server loads --lora-modules and /v1/load_lora_adapter (the engine's
+        # add_lora, outside any step: its weight moves compile graphs of their own); unloaded after it as
+        # /v1/unload_lora_adapter does.
+        for request in adapters.values():
+            engine.add_lora(request)
+        yield {0: None, **adapters}
+        for k in adapters:
+            engine.remove_lora(k)

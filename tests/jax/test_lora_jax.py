@@ -6,8 +6,6 @@ requests name the base model and adapters mixed and an adapter is loaded and unl
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 
 from .conftest import REPO
+from .test_build_verify_jax import aotc
 
 TINY_LLAMA = REPO / "configs" / "models" / "tiny-llama"
 ENTRY = "tiny-llama-lora--len128-seqs8-tok64-tp1"
@@ -29,31 +28,23 @@ models:
 """
 
 
-def aotc(jax_env, *args, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
-                          env=jax_env, cwd=REPO, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
-def config(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("lora") / "lora.yaml"
-    path.write_text(MATRIX)
-    return path
-
-
-@pytest.fixture(scope="module")
-def artifact(jax_env, config, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("lora-artifacts")
+def built(jax_env, tmp_path_factory) -> tuple[Path, Path]:
+    """(the matrix, the entry's artifact dir)."""
+    out = tmp_path_factory.mktemp("lora")
+    config = out / "lora.yaml"
+    config.write_text(MATRIX)
     proc = aotc(jax_env, "build", config, "--out", out, "--traffic", "16", "--json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)["entries"][0]
     plan = plan_entry(load_matrix(config).entry(ENTRY))  # expected counts from the plan, never a snapshot
     assert report["graphs_with_keys"] == report["planned"] == len(plan.graphs)
-    return out / ENTRY
+    return config, out / ENTRY
 
 
 @pytest.mark.slow
-def test_lora_entry_builds_on_vllm_model_code_and_verifies_with_zero_misses(jax_env, artifact):
+def test_lora_entry_builds_on_vllm_model_code_and_verifies_with_zero_misses(jax_env, built):
+    _, artifact = built
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert manifest["inputs"]["engine"]["enable_lora"] is True
     assert manifest["inputs"]["env"]["MODEL_IMPL_TYPE"] == "vllm"
@@ -64,9 +55,10 @@ def test_lora_entry_builds_on_vllm_model_code_and_verifies_with_zero_misses(jax_
 
 
 @pytest.mark.slow
-def test_lora_canary_serves_adapters_and_base_mixed_with_no_compile_after_ready(jax_env, config, artifact, tmp_path):
+def test_lora_canary_serves_adapters_and_base_mixed_with_no_compile_after_ready(jax_env, built, tmp_path):
     from tests.helpers.canary import canary, publish_copy
 
+    config, artifact = built
     store, _ = publish_copy(artifact, tmp_path, jax_env)
     code, doc, err = canary(config, ENTRY, store, jax_env)
     assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
