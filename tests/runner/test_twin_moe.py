@@ -92,14 +92,12 @@ def reference_moe(x, w13, w2, gating, topk, renormalize):
 
 
 def run_vllm_fused_moe_on_xla_cpu() -> dict:
-    """vLLM's TPU `fused_moe` on a PJRT CPU device, gmm from the twin platform's kernel hook (subprocess)."""
+    """vLLM's TPU `fused_moe` on a PJRT CPU device with the twin installed as its worker installs it (subprocess)."""
     os.environ["PJRT_DEVICE"] = "CPU"
     import torch_xla
     from vllm.model_executor.layers.fused_moe.moe_pallas import fused_moe
 
-    from aotc.runners.vllm_tpu.twin_platform import CpuTwinTpuPlatform
-
-    CpuTwinTpuPlatform.import_kernels()
+    twin_moe.install()
     gen = torch.Generator().manual_seed(11)
     tokens, hidden, inter, experts, topk = 16, 32, 24, 8, 2
     x = torch.randn(tokens, hidden, generator=gen)
@@ -115,8 +113,8 @@ def run_vllm_fused_moe_on_xla_cpu() -> dict:
 
 
 def test_vllm_tpu_fused_moe_on_the_twin_matches_a_per_expert_reference():
-    """The real op path: vLLM 0.13's moe_pallas.fused_moe calls torch.ops.xla.gmm on XLA tensors, which the
-    twin platform's import_kernels hook routed to grouped_matmul (without it: torch_xla's Pallas kernel)."""
+    """The real op path: vLLM 0.13's moe_pallas.fused_moe calls torch.ops.xla.gmm on XLA tensors, which
+    install() routed to grouped_matmul (without it: torch_xla's Pallas kernel, 'Jax is required')."""
     out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PJRT_DEVICE": "CPU"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -26,9 +26,9 @@ def hf_config(entry) -> dict:
     return json.loads((ZOO.parent / entry.model / "config.json").read_text())
 
 
-def test_the_zoo_holds_a_qwen3_moe_and_a_mixtral_entry_on_the_cpu_twin():
+def test_the_zoo_holds_qwen3_moe_qwen2_moe_and_mixtral_entries_on_the_cpu_twin():
     architectures = {hf_config(e)["architectures"][0] for e in ENTRIES.values() if set(MOE_KEYS) & set(hf_config(e))}
-    assert {"Qwen3MoeForCausalLM", "MixtralForCausalLM"} <= architectures
+    assert {"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"} <= architectures
     assert {(e.runner, e.device) for e in ENTRIES.values()} == {("vllm-tpu", "cpu")}
 
 

@@ -1,9 +1,8 @@
 """vLLM's TpuPlatform, running on PJRT CPU.
 
 Only what needs a real TPU changes: the device name (tpu_info would probe PCI),
-the attention backend and the MoE grouped matmul (Pallas kernels), and the
-default worker. Everything else — bucket rules, block size, compilation mode —
-is vLLM's TPU logic unchanged.
+the attention backend (Pallas kernels), and the default worker. Everything else
+— bucket rules, block size, compilation mode — is vLLM's TPU logic unchanged.
 """
 
 from __future__ import annotations
@@ -22,15 +21,6 @@ class CpuTwinTpuPlatform(TpuPlatform):
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         return os.environ.get(DEVICE_NAME_ENV, "TPU V6E")
-
-    @classmethod
-    def import_kernels(cls) -> None:
-        # vLLM's hook for a platform's kernels, run when `vllm._custom_ops` is first imported: in every
-        # process that builds a model, before its first forward.
-        super().import_kernels()
-        from aotc.runners.vllm_tpu import twin_moe
-
-        twin_moe.install()
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config) -> str:
