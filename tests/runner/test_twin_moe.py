@@ -123,5 +123,17 @@ def test_vllm_tpu_fused_moe_on_the_twin_matches_a_per_expert_reference():
     assert result["max_abs_error"] <= 1e-4 * max(result["scale"], 1.0)
 
 
+def test_a_process_that_only_resolves_the_twin_platform_does_not_import_torch_xla():
+    """vLLM's API server resolves the platform and imports vllm._custom_ops (the platform's import_kernels) but
+    never runs a model: the twin must not pull torch_xla in there, or the guard, loaded later, finds torch_xla's
+    own XLA_FLAGS instead of the launch flags and calls a matching cache a mismatch."""
+    probe = ("import sys; from vllm.platforms import current_platform; import vllm._custom_ops; "
+             "print(type(current_platform).__name__, 'torch_xla' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "AOTC_CPU_TWIN": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["CpuTwinTpuPlatform", "False"]
+
+
 if __name__ == "__main__":
     print(json.dumps(run_vllm_fused_moe_on_xla_cpu()))
