@@ -31,6 +31,11 @@ ZOO: dict[str, dict] = {
     "tiny-qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **MOE,
                        "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
                        "output_router_logits": False, "router_aux_loss_coef": 0.001},
+    # A shared expert beside the routed ones, and routing weights left unnormalised (norm_topk_prob false).
+    "tiny-qwen2-moe": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", **MOE,
+                       "norm_topk_prob": False, "shared_expert_intermediate_size": 128, "decoder_sparse_step": 1,
+                       "mlp_only_layers": [], "qkv_bias": True, "output_router_logits": False,
+                       "router_aux_loss_coef": 0.001},
     "tiny-mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
                      "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "output_router_logits": False},
     "tiny-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False},

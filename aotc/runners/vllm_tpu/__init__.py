@@ -12,7 +12,8 @@ Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT
 * traffic       -- seeded request sweep through the real engine
 * probe         -- cache-dir / counter / stderr evidence per call
 * worker        -- measuring TPUWorker and its PJRT-CPU twin
-* twin_platform, twin_attention -- the CPU twin's TpuPlatform and Pallas stand-in
+* twin_platform, twin_attention, twin_moe -- the CPU twin's TpuPlatform and its Pallas stand-ins
+  (attention; the MoE grouped matmul)
 * watcher       -- the serving guard's torch_xla compile counter (aotc/guard.py)
 
 Importing this package must not import torch: vLLM loads `cpu_platform` in
@@ -39,5 +40,6 @@ SPEC = RunnerSpec(
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21", "jax": "0.7.1",
           "jaxlib": "0.7.1"},  # requirements/full.lock
     watcher="aotc.runners.vllm_tpu.watcher:Watcher",
-    twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention"),
+    twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention",
+                  "aotc.runners.vllm_tpu.twin_moe"),
 )

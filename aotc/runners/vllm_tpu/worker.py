@@ -185,7 +185,10 @@ def _step_shape(runner, what: str, num_reqs: int, num_tokens: int) -> dict[str, 
 
 
 class CpuTwin:
-    """The TPU worker on PJRT CPU: same runner, same graphs, no TPU (a mixin before a TPUWorker)."""
+    """The TPU worker on PJRT CPU: same runner, same graphs, no TPU (a mixin before a TPUWorker).
+
+    It also gives torch_xla's Pallas grouped matmul (vLLM's TPU MoE) its CPU kernel (twin_moe).
+    """
 
     # Blocks per request slot beyond the full-length need; keeps the budget
     # deterministic so build and verify see the same KV-cache shape.
@@ -197,7 +200,11 @@ class CpuTwin:
         os.environ["PJRT_DEVICE"] = "CPU"
         import torch_xla
 
+        from .twin_moe import install as install_twin_moe
+
         torch_xla.device()
+        # Here, not in the platform: only the engine's worker may import torch_xla (the API server must not).
+        install_twin_moe()
         super().init_device()
 
     def determine_available_memory(self) -> int:
