@@ -65,7 +65,9 @@ def test_beyond_warmup_graphs_are_built_verified_and_served(jax_env, artifact, t
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout)["misses"] == 0
 
-    cache = shutil.copytree(artifact, tmp_path / "cache")  # what a pod's fetch lays down, apart from the build
+    # what a pod's fetch lays down: the artifact's cache files and its manifest, in a dir of their own
+    cache = shutil.copytree(artifact / "cache", tmp_path / "cache")
+    shutil.copy(artifact / "manifest.json", cache)
     server = stock_server.start(ENTRY, cache, tmp_path / "server.log", "strict", jax_env)
     try:
         server.wait_ready()

@@ -136,6 +136,9 @@ TPU_PATH_ROOTS = (
     "vllm.lora.punica_wrapper.punica_tpu", "vllm.model_executor.layers.quantization.tpu_int8",
     "vllm.v1.worker.tpu_model_runner", "vllm.v1.worker.tpu_worker", "torch_xla.experimental.custom_kernel",
     "torch_xla.experimental.pallas_kernels.*",
+    # torch_xla's gmm (MoE) and int8 matmul reach JAX through the torchax it bundles, behind an ImportError guard
+    # (maybe_get_torchax): a missing dependency of torchax (flax) would pass silently without this root
+    "torchax",
 )
 
 
@@ -150,5 +153,5 @@ def test_every_module_the_tpu_path_imports_is_installed():
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["failed"] == {}
-    assert {"jax", "jax.experimental.pallas.ops.tpu.megablox.gmm",
+    assert {"jax", "jax.experimental.pallas.ops.tpu.megablox.gmm", "flax.training.checkpoints",
             "torch_xla.experimental.pallas_kernels.ragged_paged_attention_v2"} <= set(result["imported"])
