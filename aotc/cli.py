@@ -155,16 +155,22 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
 
 def node_cache(args: argparse.Namespace) -> Any:
     """--cache-dir / $AOTC_CACHE_DIR (none by default); size bound --cache-max-size / $AOTC_CACHE_MAX_SIZE."""
-    from aotc.store.cache import DEFAULT_MAX_SIZE, ENV_CACHE_DIR, ENV_CACHE_MAX_SIZE, NodeCache, parse_size
+    from aotc.render import warn
+    from aotc.store.cache import (DEFAULT_MAX_SIZE, ENV_CACHE_DIR, ENV_CACHE_MAX_SIZE, NodeCache, parse_size,
+                                  unusable)
 
     root = args.cache_dir or os.environ.get(ENV_CACHE_DIR)
     if not root:
         return None
     size = args.cache_max_size or os.environ.get(ENV_CACHE_MAX_SIZE)
+    max_size = parse_size(size) if size else DEFAULT_MAX_SIZE
     try:
-        return NodeCache(root, parse_size(size) if size else DEFAULT_MAX_SIZE)
+        return NodeCache(root, max_size)
     except OSError as exc:
-        raise_usage(f"--cache-dir {root}: {exc.strerror or exc}")
+        if not unusable(exc):  # not a directory: a mistake in the command
+            raise_usage(f"--cache-dir {root}: {exc.strerror or exc}")
+        warn(f"node cache {root}: {exc.strerror or exc}; fetching from the store")  # read-only, full
+        return None
 
 
 def _exit_now(code: int) -> None:

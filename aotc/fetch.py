@@ -529,7 +529,7 @@ class _Download:
 
     async def _fill(self, cache: NodeCache, obj: _Object, lock: int) -> str:
         temp = cache.new_temp()
-        cache.mark_downloading(lock, temp)
+        cache.mark_holder(lock, temp)
         try:
             await self._download(obj, temp)
             return await self._in(self._writers, cache.insert, temp, obj.sha256, lock)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -160,10 +161,6 @@ class NodeCache:
     def new_temp(self) -> str:
         return os.path.join(self._owned_tmp(), f"{uuid.uuid4().hex}.part")
 
-    def mark_downloading(self, lock: int, temp: str) -> None:
-        """Tell waiters who holds this lock and where its bytes land (see ``holder_progress``)."""
-        self._write_record(lock, holder={"pid": os.getpid(), "pidns": _pid_namespace(), "temp": temp})
-
     def insert(self, temp: str, sha256: str, lock: int) -> str:
         """Give a verified download its name and seal it (under the object's lock)."""
         path = self.path(sha256)
@@ -172,7 +169,7 @@ class NodeCache:
             self._clear(path, "a directory where an object belongs")
         os.chmod(temp, 0o444)
         os.replace(temp, path)
-        self._write_record(lock, seal=astuple(Seal.of(os.lstat(path))), holder=None)
+        self._write_record(lock, seal=astuple(Seal.of(os.lstat(path))))
         os.utime(lock)
         return path
 
@@ -196,14 +193,24 @@ class NodeCache:
     # --- locks -----------------------------------------------------------------------------------
 
     def try_lock(self, sha256: str) -> int | None:
-        """This object's lock (an fd: close it to release), or None while another fetcher holds it."""
+        """This object's lock (an fd: close it to release), or None while another fetcher holds it.
+        The holder writes its pid into the lock file at once, so a waiter can tell if it was stopped."""
         fd = self._open_lock(sha256)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return None
+        try:
+            self.mark_holder(fd)
+        except OSError:
+            os.close(fd)
+            raise
         return fd
+
+    def mark_holder(self, lock: int, temp: str | None = None) -> None:
+        """Tell waiters who holds this lock and where its download lands (see ``holder_progress``)."""
+        self._write_record(lock, holder={"pid": os.getpid(), "pidns": _pid_namespace(), "temp": temp})
 
     def holder_progress(self, sha256: str) -> tuple[Any, ...]:
         """What a waiter watches: who holds the lock, how far its download got, when the lock was used."""
@@ -455,6 +462,7 @@ def _parse_record(data: bytes) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+@functools.lru_cache(maxsize=1)
 def _pid_namespace() -> str | None:
     """Pids mean something only within one pid namespace (pods on a node each have their own)."""
     try:
