@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 from aotc.errors import BadInput, IntegrityError
-from aotc.files import parse_time, remove_quietly, sha256_file
+from aotc.files import parse_time, pid_namespace, process_state, remove_quietly, sha256_file
 from aotc.manifest import Manifest
 from aotc.store.layout import SHA256_HEX, check_name
 
@@ -210,7 +209,7 @@ class NodeCache:
 
     def mark_holder(self, lock: int, temp: str | None = None) -> None:
         """Tell waiters who holds this lock and where its download lands (see ``holder_progress``)."""
-        self._write_record(lock, holder={"pid": os.getpid(), "pidns": _pid_namespace(), "temp": temp})
+        self._write_record(lock, holder={"pid": os.getpid(), "pidns": pid_namespace(), "temp": temp})
 
     def holder_progress(self, sha256: str) -> tuple[Any, ...]:
         """What a waiter watches: who holds the lock, how far its download got, when the lock was used."""
@@ -231,12 +230,12 @@ class NodeCache:
     @staticmethod
     def stuck(progress: tuple[Any, ...]) -> str | None:
         """Why a lock's holder will never finish, when this process can see it (same pid namespace)."""
-        if not progress or progress[1] is None or progress[1] != _pid_namespace():
+        if not progress or progress[1] is None or progress[1] != pid_namespace():
             return None
         pid = progress[0]
         if not isinstance(pid, int) or pid <= 0:
             return None
-        state = _process_state(pid)
+        state = process_state(pid)
         if state is None:
             return f"its holder, pid {pid}, is gone"
         if state in "TtZX":
@@ -460,25 +459,6 @@ def _parse_record(data: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return record if isinstance(record, dict) else {}
-
-
-@functools.lru_cache(maxsize=1)
-def _pid_namespace() -> str | None:
-    """Pids mean something only within one pid namespace (pods on a node each have their own)."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _process_state(pid: int) -> str | None:
-    """The one-letter state from /proc/<pid>/stat (R, S, D, T, Z, ...), None when there is no such pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()[0] if ")" in text else None
 
 
 def _remove_if_unlocked(path: str) -> None:
