@@ -11,7 +11,8 @@ hashed in order as they arrive, so there is no second read pass and little is bu
 (a 200 that stops early) or a wrong sha256 re-downloads that object, a bounded number of times. At most
 ``OPEN_OBJECTS`` objects are open at once, whatever the artifact's file count.
 
-With a node cache (aotc/store/cache.py) each object is downloaded once per node and copied into dest.
+With a node cache (aotc/store/cache.py) each object is downloaded once per node, linked into dest and
+hashed there (what a dest shares with the cache, anyone may have written).
 Waiting for another fetcher's lock on an object never blocks a thread: the wait polls, ends with the
 fetch (an error elsewhere, the deadline), and gives up on a holder that is stopped, gone or makes no
 progress, downloading the object itself. A cache that cannot be written (read-only, full) is gone around
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aotc.errors import AotcError, BadInput, IntegrityError, NotFoundInStore
-from aotc.files import OLD_SUFFIX, parse_time, recover_swap, remove_quietly, replace_dir, write_new
+from aotc.files import OLD_SUFFIX, parse_time, recover_swap, remove_quietly, replace_dir, sha256_file, write_new
 from aotc.manifest import MANIFEST_NAME, FileRecord, Manifest, check_relative_path
 from aotc.store import SHA256_HEX, Meter, Store, check_name
 from aotc.store.cache import NodeCache, place, unusable
@@ -510,31 +511,33 @@ class _Download:
         await self._download(obj, obj.paths[0])
 
     async def _serve_or_fill(self, cache: NodeCache, obj: _Object, lock: int) -> None:
-        """Under the object's lock: copy a sealed (or re-hashed) object out, else download it into the cache
-        first. A seal that broke while the copy read is a changed object: removed, downloaded again."""
+        """Under the object's lock: link the cached object into dest, else download it into the cache first.
+        What was linked is hashed (a write through any link to it may have changed it): a mismatch removes
+        it from the cache and the object is downloaded again."""
         for _ in range(ATTEMPTS):
-            # the warm path (a sealed object) is a few syscalls on the loop; hashing and copying are not
-            cached = cache.lookup(obj.sha256, obj.size, lock) or \
-                await self._in(self._writers, cache.verify, obj.sha256, obj.size, lock)
+            cached = cache.lookup(obj.sha256, obj.size, lock)
             if cached is None:
-                cached = await self._fill(cache, obj, lock)
-            else:
+                await self._fill(cache, obj, lock)
+                return
+            await self._in(self._writers, _replace_with_link, cached, obj.paths[0])
+            if await self._in(self._writers, sha256_file, obj.paths[0]) == (obj.sha256, obj.size):
                 self.cached += 1
                 self.meter.add(obj.size)
-            await self._in(self._writers, _replace_with_copy, cached, obj.paths[0])
-            if cache.sealed(obj.sha256, obj.size, lock):
                 return
+            cache.discard(obj.sha256)
         raise IntegrityError(f"node cache {cache.root}: object {obj.sha256} ({self._name(obj)}) keeps changing "
-                             f"while it is copied out (after {ATTEMPTS} attempts)")
+                             f"after it is placed (after {ATTEMPTS} attempts)")
 
-    async def _fill(self, cache: NodeCache, obj: _Object, lock: int) -> str:
+    async def _fill(self, cache: NodeCache, obj: _Object, lock: int) -> None:
+        """Download into the cache (hashed while it streams), name it, link it into dest."""
         temp = cache.new_temp()
         cache.mark_holder(lock, temp)
         try:
             await self._download(obj, temp)
-            return await self._in(self._writers, cache.insert, temp, obj.sha256, lock)
+            cached = await self._in(self._writers, cache.insert, temp, obj.sha256, lock)
         finally:
             await self._in(self._writers, remove_quietly, temp)
+        await self._in(self._writers, _replace_with_link, cached, obj.paths[0])
 
     async def _cache_lock(self, obj: _Object) -> int | None:
         """The object's node-cache lock, or None: its holder is stuck, so go around the cache. The wait
@@ -667,8 +670,8 @@ class _Download:
         return os.path.relpath(obj.paths[0], self.root)
 
 
-def _replace_with_copy(source: str, target: str) -> None:
-    remove_quietly(target)  # a copy of an earlier attempt, whose source changed while it was read
+def _replace_with_link(source: str, target: str) -> None:
+    remove_quietly(target)  # an earlier attempt's, whose bytes had changed
     place(source, target)
 
 

@@ -4,18 +4,16 @@ Objects are content-addressed, so one copy per node serves every pod and every e
 
     <dir>/objects/<2 hex>/<sha256>   read-only, verified before it got its name
     <dir>/locks/<sha256>             flock: one fetcher per node downloads an object, others wait for it;
-                                     the file records the object's seal and who is downloading it
+                                     the holder writes its pid (and its download's path) into it
     <dir>/tmp/<pid>-<random>/        one fetcher's downloads in progress; it holds an flock on the dir
     <dir>/manifests/<entry>/<fp>.json  manifests fetched here: a store writes each path once, so a fully
                                      warm node fetches without contacting the store
 
-Insert: a download lands in the fetcher's own tmp dir, its sha256 is checked while it streams, then it is
-renamed to its name and sealed: its inode, size, mtime and ctime are recorded in its lock file. The kernel
-sets ctime to now on every write, chmod, utime or rename and no user can set it back, so a seal that still
-matches means the bytes are the ones hashed. Serve: a broken seal (or none) means hash again; the same bytes
-are sealed again, anything else is removed and downloaded, so a changed object is never served. Dests get
-private copies (a reflink where the filesystem shares blocks), never hard links: a pod writing its dest
-cannot reach the cache or another pod's dest.
+Insert: a download lands in the fetcher's own tmp dir, its sha256 is checked while it streams, and only then
+is it renamed to its name. Serve: dests get hard links (a copy across filesystems), and what is linked is
+hashed before the fetch counts it: a dest shares the cache's inode, so a pod writing its dest (or anyone
+writing the object, whatever mtime they restore) changes the cached bytes, and no size or time check can
+tell. A mismatch removes the object, which is downloaded again: a changed object is never served.
 
 Clean-up never touches a live fetcher's download: a tmp dir is removed only when its flock is free (its
 fetcher is gone). Damage heals: whatever stands where one of the cache's dirs or files belongs (a file for a
@@ -37,11 +35,11 @@ import stat
 import tempfile
 import time
 import uuid
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from aotc.errors import BadInput, IntegrityError
-from aotc.files import parse_time, pid_namespace, process_state, remove_quietly, sha256_file
+from aotc.files import parse_time, pid_namespace, process_state, remove_quietly
 from aotc.manifest import Manifest
 from aotc.store.layout import SHA256_HEX, check_name
 
@@ -53,7 +51,6 @@ TMP_GRACE = 60.0  # an unlocked tmp dir younger than this may belong to a fetche
 TMP_MAX_AGE = 3600.0  # a loose file in tmp/ whose ctime is older than this is junk (ctime: no utime fakes it)
 # a cache that fails with one of these is skipped (the store serves), never the reason a fetch fails
 UNUSABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
-FICLONE = 0x40049409  # ioctl: share the source's blocks (btrfs, xfs, ...); elsewhere a kernel-side copy
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 logger = logging.getLogger(__name__)
 
@@ -78,20 +75,6 @@ class EvictionReport:
     size_after: int
 
 
-@dataclass(frozen=True)
-class Seal:
-    """What the kernel keeps about an object's inode; ctime moves on any change and cannot be set back."""
-
-    ino: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> Seal:
-        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 class NodeCache:
     def __init__(self, root: str, max_size: int = DEFAULT_MAX_SIZE):
         self.root = os.path.abspath(root)
@@ -107,36 +90,22 @@ class NodeCache:
     # --- serving ---------------------------------------------------------------------------------
 
     def lookup(self, sha256: str, size: int, lock: int) -> str | None:
-        """The cached file when its seal holds (a few syscalls, no reading); else None: see ``verify``."""
-        try:
-            st = os.lstat(self.path(sha256))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if not stat.S_ISREG(st.st_mode) or st.st_size != size or Seal.of(st) != self._seal(lock):
-            return None
-        os.utime(lock)  # LRU stamp on the lock file: touching the object would move its ctime
-        return self.path(sha256)
-
-    def verify(self, sha256: str, size: int, lock: int) -> str | None:
-        """Hash an object whose seal broke or that has none: the same bytes are sealed again and served;
-        anything else at its path is removed (None: download it)."""
+        """The cached file if a regular file of the right size is there (its bytes are checked where it
+        is placed, see ``discard``); anything else at its path is removed."""
         path = self.path(sha256)
         try:
-            before = os.lstat(path)
+            st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if stat.S_ISREG(before.st_mode) and before.st_size == size and _hash(path) == sha256:
-            after = os.lstat(path)
-            if Seal.of(after) == Seal.of(before):  # nothing wrote while we read
-                self._write_record(lock, seal=astuple(Seal.of(after)))
-                os.utime(lock)
-                return path
-        self._clear(path, "it changed since it was cached")
-        return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            self._clear(path, "not the object it is named for")
+            return None
+        os.utime(lock)  # LRU stamp
+        return path
 
-    def sealed(self, sha256: str, size: int, lock: int) -> bool:
-        """Still as sealed (after copying it out: nothing wrote while the copy read)."""
-        return self.lookup(sha256, size, lock) is not None
+    def discard(self, sha256: str) -> None:
+        """A cached object whose bytes are not its name's: remove it (under its lock)."""
+        self._clear(self.path(sha256), "its bytes changed since it was cached")
 
     def holds_all(self, manifest: Manifest) -> bool:
         """Every object of ``manifest`` is here with its size (a cheap pre-check; lookup decides)."""
@@ -161,14 +130,13 @@ class NodeCache:
         return os.path.join(self._owned_tmp(), f"{uuid.uuid4().hex}.part")
 
     def insert(self, temp: str, sha256: str, lock: int) -> str:
-        """Give a verified download its name and seal it (under the object's lock)."""
+        """Give a verified download its name (under the object's lock)."""
         path = self.path(sha256)
         self._make_dir(os.path.dirname(path))
         if os.path.isdir(path) and not os.path.islink(path):
             self._clear(path, "a directory where an object belongs")
         os.chmod(temp, 0o444)
         os.replace(temp, path)
-        self._write_record(lock, seal=astuple(Seal.of(os.lstat(path))))
         os.utime(lock)
         return path
 
@@ -256,13 +224,6 @@ class NodeCache:
 
     def _lock_path(self, sha256: str) -> str:
         return os.path.join(self.root, "locks", sha256)
-
-    def _seal(self, lock: int) -> Seal | None:
-        value = self._record(lock).get("seal")
-        try:
-            return Seal(*value) if isinstance(value, list) and len(value) == 4 else None
-        except TypeError:
-            return None
 
     @staticmethod
     def _record(lock: int) -> dict[str, Any]:
@@ -417,40 +378,12 @@ class NodeCache:
 
 
 def place(source: str, target: str) -> None:
-    """A private copy of a cached object into a dest: a reflink where the filesystem can share blocks,
-    else a kernel-side copy. Never a hard link: a write through one would reach the cache."""
-    with open(source, "rb") as src:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            try:
-                fcntl.ioctl(fd, FICLONE, src.fileno())
-            except OSError:
-                _copy_range(src.fileno(), fd, os.fstat(src.fileno()).st_size)
-        finally:
-            os.close(fd)
-
-
-def _copy_range(src: int, dst: int, size: int) -> None:
-    done = 0
+    """Hard-link a cached object into a dest (same filesystem), else copy it (kernel-side)."""
     try:
-        while done < size:
-            n = os.copy_file_range(src, dst, size - done, done, done)
-            if n == 0:
-                break
-            done += n
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-        while chunk := os.pread(src, 8 << 20, done):
-            os.pwrite(dst, chunk, done)
-            done += len(chunk)
-
-
-def _hash(path: str) -> str | None:
-    try:
-        return sha256_file(path)[0]
+        os.link(source, target)
     except OSError:
-        return None
+        shutil.copyfile(source, target)
+        os.chmod(target, 0o644)
 
 
 def _parse_record(data: bytes) -> dict[str, Any]:
