@@ -11,8 +11,8 @@ hashed in order as they arrive, so there is no second read pass and little is bu
 (a 200 that stops early) or a wrong sha256 re-downloads that object, a bounded number of times. At most
 ``OPEN_OBJECTS`` objects are open at once, whatever the artifact's file count.
 
-With a node cache (aotc/store/cache.py) each object is downloaded once per node, linked into dest and
-hashed there (what a dest shares with the cache, anyone may have written).
+With a node cache (aotc/store/cache.py) each object is downloaded once per node and linked into dest;
+what was linked is hashed unless its seal shows nothing changed it since it last was.
 Waiting for another fetcher's lock on an object never blocks a thread: the wait polls, ends with the
 fetch (an error elsewhere, the deadline), and gives up on a holder that is stopped, gone or makes no
 progress, downloading the object itself. A cache that cannot be written (read-only, full) is gone around
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aotc.errors import AotcError, BadInput, IntegrityError, NotFoundInStore
-from aotc.files import OLD_SUFFIX, parse_time, recover_swap, remove_quietly, replace_dir, sha256_file, write_new
+from aotc.files import OLD_SUFFIX, parse_time, recover_swap, remove_quietly, replace_dir, write_new
 from aotc.manifest import MANIFEST_NAME, FileRecord, Manifest, check_relative_path
 from aotc.store import SHA256_HEX, Meter, Store, check_name
 from aotc.store.cache import NodeCache, place, unusable
@@ -511,33 +511,37 @@ class _Download:
         await self._download(obj, obj.paths[0])
 
     async def _serve_or_fill(self, cache: NodeCache, obj: _Object, lock: int) -> None:
-        """Under the object's lock: link the cached object into dest, else download it into the cache first.
-        What was linked is hashed (a write through any link to it may have changed it): a mismatch removes
-        it from the cache and the object is downloaded again."""
+        """Under the object's lock: download it into the cache if it is not there, then link it into
+        dest. A sealed object whose link changed nothing else is served as is (a few syscalls, on the
+        loop); otherwise what was linked is hashed, and a mismatch removes it and downloads it again."""
+        filled = False
         for _ in range(ATTEMPTS):
-            cached = cache.lookup(obj.sha256, obj.size, lock)
-            if cached is None:
+            st = cache.lookup(obj.sha256, obj.size, lock)
+            if st is None:
                 await self._fill(cache, obj, lock)
-                return
-            await self._in(self._writers, _replace_with_link, cached, obj.paths[0])
-            if await self._in(self._writers, sha256_file, obj.paths[0]) == (obj.sha256, obj.size):
-                self.cached += 1
-                self.meter.add(obj.size)
+                filled = True
+                continue
+            sealed = cache.sealed(st, lock)
+            await self._in(self._writers, _replace_with_link, cache.path(obj.sha256), obj.paths[0])
+            if (sealed and cache.reseal_after_link(obj.sha256, st, lock)) or \
+                    await self._in(self._writers, cache.verify_linked, obj.sha256, obj.size, obj.paths[0], lock):
+                if not filled:
+                    self.cached += 1
+                    self.meter.add(obj.size)
                 return
             cache.discard(obj.sha256)
         raise IntegrityError(f"node cache {cache.root}: object {obj.sha256} ({self._name(obj)}) keeps changing "
                              f"after it is placed (after {ATTEMPTS} attempts)")
 
     async def _fill(self, cache: NodeCache, obj: _Object, lock: int) -> None:
-        """Download into the cache (hashed while it streams), name it, link it into dest."""
+        """Download into the cache (hashed while it streams), then give it its name."""
         temp = cache.new_temp()
         cache.mark_holder(lock, temp)
         try:
             await self._download(obj, temp)
-            cached = await self._in(self._writers, cache.insert, temp, obj.sha256, lock)
+            await self._in(self._writers, cache.insert, temp, obj.sha256, lock)
         finally:
             await self._in(self._writers, remove_quietly, temp)
-        await self._in(self._writers, _replace_with_link, cached, obj.paths[0])
 
     async def _cache_lock(self, obj: _Object) -> int | None:
         """The object's node-cache lock, or None: its holder is stuck, so go around the cache. The wait

@@ -4,16 +4,18 @@ Objects are content-addressed, so one copy per node serves every pod and every e
 
     <dir>/objects/<2 hex>/<sha256>   read-only, verified before it got its name
     <dir>/locks/<sha256>             flock: one fetcher per node downloads an object, others wait for it;
-                                     the holder writes its pid (and its download's path) into it
+                                     it records the object's seal and its holder's pid and download path
     <dir>/tmp/<pid>-<random>/        one fetcher's downloads in progress; it holds an flock on the dir
     <dir>/manifests/<entry>/<fp>.json  manifests fetched here: a store writes each path once, so a fully
                                      warm node fetches without contacting the store
 
-Insert: a download lands in the fetcher's own tmp dir, its sha256 is checked while it streams, and only then
-is it renamed to its name. Serve: dests get hard links (a copy across filesystems), and what is linked is
-hashed before the fetch counts it: a dest shares the cache's inode, so a pod writing its dest (or anyone
-writing the object, whatever mtime they restore) changes the cached bytes, and no size or time check can
-tell. A mismatch removes the object, which is downloaded again: a changed object is never served.
+Insert: a download lands in the fetcher's own tmp dir, its sha256 is checked while it streams, then it is
+renamed to its name and sealed (``Seal``: inode, size, mtime, ctime and link count, as when hashed). Serve:
+dests get hard links (a copy across filesystems). A dest shares the cache's inode, so a pod writing its dest,
+or anyone writing the object whatever mtime they restore, changes the cached bytes; no size or mtime check
+can tell, but the kernel's ctime moves. A sealed object is linked and sealed anew when that link is all that
+changed it; anything else (a write, a chmod, another dest unlinked) means the linked bytes are hashed: the
+same bytes are sealed again, others are removed and downloaded. A changed object is never served.
 
 Clean-up never touches a live fetcher's download: a tmp dir is removed only when its flock is free (its
 fetcher is gone). Damage heals: whatever stands where one of the cache's dirs or files belongs (a file for a
@@ -35,11 +37,11 @@ import stat
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from aotc.errors import BadInput, IntegrityError
-from aotc.files import parse_time, pid_namespace, process_state, remove_quietly
+from aotc.files import parse_time, pid_namespace, process_state, remove_quietly, sha256_file
 from aotc.manifest import Manifest
 from aotc.store.layout import SHA256_HEX, check_name
 
@@ -75,6 +77,29 @@ class EvictionReport:
     size_after: int
 
 
+@dataclass(frozen=True)
+class Seal:
+    """An object's inode as it was when its bytes were hashed. The kernel sets ctime to now on every
+    write, chmod, utime, link or unlink, and no user can set it back: a seal that still matches means
+    the bytes hashed are the bytes there, without reading them."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    nlink: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Seal:
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+
+    def linked_once_more(self, st: os.stat_result) -> bool:
+        """``st`` is this inode with one more hard link and no other change but the ctime that link set
+        (a write moves mtime; one that put mtime back within that instant is the one change not seen)."""
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_nlink) == \
+            (self.ino, self.size, self.mtime_ns, self.nlink + 1)
+
+
 class NodeCache:
     def __init__(self, root: str, max_size: int = DEFAULT_MAX_SIZE):
         self.root = os.path.abspath(root)
@@ -89,9 +114,10 @@ class NodeCache:
 
     # --- serving ---------------------------------------------------------------------------------
 
-    def lookup(self, sha256: str, size: int, lock: int) -> str | None:
-        """The cached file if a regular file of the right size is there (its bytes are checked where it
-        is placed, see ``discard``); anything else at its path is removed."""
+    def lookup(self, sha256: str, size: int, lock: int) -> os.stat_result | None:
+        """The cached object's stat if a regular file of the right size is there (its bytes are checked
+        where it is placed: ``sealed``, ``reseal_after_link``, ``verify_linked``); anything else at its
+        path is removed."""
         path = self.path(sha256)
         try:
             st = os.lstat(path)
@@ -100,8 +126,39 @@ class NodeCache:
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             self._clear(path, "not the object it is named for")
             return None
-        os.utime(lock)  # LRU stamp
-        return path
+        os.utime(lock)  # LRU stamp on the lock file: touching the object would move its ctime
+        return st
+
+    def sealed(self, st: os.stat_result, lock: int) -> bool:
+        """The object is as it was when its bytes were last hashed (see ``Seal``)."""
+        return Seal.of(st) == self._seal(lock)
+
+    def reseal_after_link(self, sha256: str, before: os.stat_result, lock: int) -> bool:
+        """After linking a sealed object into a dest: True, and sealed anew, when that link is all that
+        changed its inode; else False (hash what was linked: ``verify_linked``)."""
+        try:
+            after = os.lstat(self.path(sha256))
+        except OSError:
+            return False
+        if not Seal.of(before).linked_once_more(after):
+            return False
+        self._write_record(lock, seal=astuple(Seal.of(after)))
+        return True
+
+    def verify_linked(self, sha256: str, size: int, target: str, lock: int) -> bool:
+        """Hash what was placed at ``target``; when it is the cached inode itself and nothing changed it
+        while it was read, seal it (the next fetch skips the hash)."""
+        before = os.lstat(target)
+        if sha256_file(target) != (sha256, size):
+            return False
+        after = os.lstat(target)
+        try:
+            same_inode = os.lstat(self.path(sha256)).st_ino == after.st_ino
+        except OSError:
+            same_inode = False
+        if same_inode and Seal.of(after) == Seal.of(before):
+            self._write_record(lock, seal=astuple(Seal.of(after)))
+        return True
 
     def discard(self, sha256: str) -> None:
         """A cached object whose bytes are not its name's: remove it (under its lock)."""
@@ -130,13 +187,14 @@ class NodeCache:
         return os.path.join(self._owned_tmp(), f"{uuid.uuid4().hex}.part")
 
     def insert(self, temp: str, sha256: str, lock: int) -> str:
-        """Give a verified download its name (under the object's lock)."""
+        """Give a verified download its name and seal it (under the object's lock)."""
         path = self.path(sha256)
         self._make_dir(os.path.dirname(path))
         if os.path.isdir(path) and not os.path.islink(path):
             self._clear(path, "a directory where an object belongs")
         os.chmod(temp, 0o444)
         os.replace(temp, path)
+        self._write_record(lock, seal=astuple(Seal.of(os.lstat(path))))
         os.utime(lock)
         return path
 
@@ -224,6 +282,13 @@ class NodeCache:
 
     def _lock_path(self, sha256: str) -> str:
         return os.path.join(self.root, "locks", sha256)
+
+    def _seal(self, lock: int) -> Seal | None:
+        value = self._record(lock).get("seal")
+        try:
+            return Seal(*value) if isinstance(value, list) else None
+        except TypeError:
+            return None
 
     @staticmethod
     def _record(lock: int) -> dict[str, Any]:
