@@ -522,7 +522,10 @@ class _Download:
                 filled = True
                 continue
             sealed = cache.sealed(st, lock)
-            await self._in(self._writers, _replace_with_link, cache.path(obj.sha256), obj.paths[0])
+            try:  # a link is two syscalls: on the loop; a copy (another filesystem) is not
+                _replace_with_link(cache.path(obj.sha256), obj.paths[0], copy=False)
+            except OSError:
+                await self._in(self._writers, _replace_with_link, cache.path(obj.sha256), obj.paths[0])
             if (sealed and cache.reseal_after_link(obj.sha256, st, lock)) or \
                     await self._in(self._writers, cache.verify_linked, obj.sha256, obj.size, obj.paths[0], lock):
                 if not filled:
@@ -674,9 +677,12 @@ class _Download:
         return os.path.relpath(obj.paths[0], self.root)
 
 
-def _replace_with_link(source: str, target: str) -> None:
+def _replace_with_link(source: str, target: str, copy: bool = True) -> None:
     remove_quietly(target)  # an earlier attempt's, whose bytes had changed
-    place(source, target)
+    if copy:
+        place(source, target)
+    else:
+        os.link(source, target)
 
 
 def _create(path: str) -> int:

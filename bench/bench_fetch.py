@@ -202,6 +202,9 @@ def node_cache_pair(scratch: Path, aotc_fetch: Any, fresh: Any, harness: list[in
     dest = fresh("e2")
     warm_seconds = timed("(e) aotc fetch, node cache warm", lambda: warm.append(aotc_fetch(dest, cache)),
                          harness, prepare).wall
+    fresh("e1"), fresh("e2")  # pods gone: their links' removal moves each object's ctime, so all are hashed
+    dest = fresh("e3")
+    timed("(e) aotc fetch, node cache warm, seals broken", lambda: aotc_fetch(dest, cache), harness, prepare)
     return cold, warm_seconds, warm
 
 
