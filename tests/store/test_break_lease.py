@@ -12,17 +12,9 @@ from pathlib import Path
 
 from aotc.store import ENV_STORE_ENDPOINT, Store
 from tests.conftest import REPO, run_aotc
-from tests.store.conftest import new_bucket
+from tests.store.conftest import new_bucket, wait_for
 
 QUIET = {"AOTC_NO_PROGRESS": "1"}
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def test_a_running_gcs_lease_is_refused_unless_forced(gcs_server, proxy, artifacts):

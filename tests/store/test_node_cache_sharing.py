@@ -22,7 +22,7 @@ from aotc.manifest import Manifest
 from aotc.testing.artifacts import expected_dest, make_artifact, random_files, tree
 from aotc.testing.fetchers import concurrent_fetches, overlapping_files
 from tests.conftest import REPO, run_aotc
-from tests.store.conftest import new_bucket
+from tests.store.conftest import new_bucket, wait_for
 
 QUIET = {"AOTC_NO_PROGRESS": "1"}
 
@@ -43,14 +43,6 @@ def held_locks(cache: Path) -> list[str]:
             except BlockingIOError:
                 held.append(lock.name)
     return held
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def stop(proc: subprocess.Popen) -> None:
