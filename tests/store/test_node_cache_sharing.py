@@ -45,6 +45,12 @@ def held_locks(cache: Path) -> list[str]:
     return held
 
 
+def locks_held_by(holder: subprocess.Popen, cache: Path) -> list[str]:
+    """The locks held now, once the holder took some; a holder that already exited fails the test."""
+    assert holder.poll() is None, f"the holder exited {holder.returncode}: {holder.stderr.read()}"
+    return held_locks(cache)
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.kill()
     proc.wait(10)
@@ -78,10 +84,10 @@ def slow_store(gcs_server, proxy, tmp_path):
 def test_a_stopped_lock_holder_is_gone_around(slow_store, proxy, tmp_path):
     url, local, art = slow_store
     cache = tmp_path / "cache"
-    proxy.latency = 1.0  # the first fetcher holds its locks for a while
+    proxy.latency = 2.0  # the first fetcher holds its locks for a while
     holder = start_fetch(url, art, tmp_path / "pod1", cache)
     try:
-        wait_for(lambda: held_locks(cache), "the first fetcher to hold a lock")
+        wait_for(lambda: locks_held_by(holder, cache), "the first fetcher to hold a lock", timeout=180)
         holder.send_signal(signal.SIGSTOP)  # a pod frozen mid-download (cgroup freezer, debugger, ...)
         proc = run_aotc("fetch", "--fingerprint", Manifest.load(art).fingerprint, "--dest", tmp_path / "pod2",
                         "--store", local, "--cache-dir", cache, env=QUIET, timeout=120)
@@ -106,7 +112,8 @@ def test_a_fetch_that_fails_while_waiting_for_a_lock_exits_and_releases(slow_sto
     proxy.add("stall", match="objects", times=10_000)  # the holder waits on the store, alive, forever
     holder = start_fetch(url, art, tmp_path / "pod1", cache)
     try:
-        wait_for(lambda: len(held_locks(cache)) == len({f.sha256 for f in shared}), "every lock held")
+        wait_for(lambda: len(locks_held_by(holder, cache)) == len({f.sha256 for f in shared}), "every lock held",
+                 timeout=180)
         started = time.monotonic()
         proc = run_aotc("fetch", "--fingerprint", Manifest.load(other).fingerprint, "--dest", tmp_path / "pod2",
                         "--store", local, "--cache-dir", cache, env=QUIET, timeout=120)
@@ -125,7 +132,7 @@ def test_a_silent_lock_holder_is_gone_around_within_the_deadline(slow_store, pro
     proxy.add("stall", match="objects", times=10_000)
     holder = start_fetch(url, art, tmp_path / "pod1", cache)
     try:
-        wait_for(lambda: held_locks(cache), "the first fetcher to hold a lock")
+        wait_for(lambda: locks_held_by(holder, cache), "the first fetcher to hold a lock", timeout=180)
         proc = run_aotc("fetch", "--fingerprint", Manifest.load(art).fingerprint, "--dest", tmp_path / "pod2",
                         "--store", local, "--cache-dir", cache, "--deadline", "20", env=QUIET, timeout=120)
         assert proc.returncode == 0, proc.stderr
