@@ -155,16 +155,22 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
 
 def node_cache(args: argparse.Namespace) -> Any:
     """--cache-dir / $AOTC_CACHE_DIR (none by default); size bound --cache-max-size / $AOTC_CACHE_MAX_SIZE."""
-    from aotc.store.cache import DEFAULT_MAX_SIZE, ENV_CACHE_DIR, ENV_CACHE_MAX_SIZE, NodeCache, parse_size
+    from aotc.render import warn
+    from aotc.store.cache import (DEFAULT_MAX_SIZE, ENV_CACHE_DIR, ENV_CACHE_MAX_SIZE, NodeCache, parse_size,
+                                  unusable)
 
     root = args.cache_dir or os.environ.get(ENV_CACHE_DIR)
     if not root:
         return None
     size = args.cache_max_size or os.environ.get(ENV_CACHE_MAX_SIZE)
+    max_size = parse_size(size) if size else DEFAULT_MAX_SIZE
     try:
-        return NodeCache(root, parse_size(size) if size else DEFAULT_MAX_SIZE)
+        return NodeCache(root, max_size)
     except OSError as exc:
-        raise_usage(f"--cache-dir {root}: {exc.strerror or exc}")
+        if not unusable(exc):  # not a directory: a mistake in the command
+            raise_usage(f"--cache-dir {root}: {exc.strerror or exc}")
+        warn(f"node cache {root}: {exc.strerror or exc}; fetching from the store")  # read-only, full
+        return None
 
 
 def _exit_now(code: int) -> None:
@@ -227,11 +233,12 @@ def cmd_break_lease(args: argparse.Namespace, out: Output) -> int:
     url = resolve_store_url(args.store)
     store = Store.from_url(url)
     store.require()
-    removed = break_leases(store, kind=args.kind, older_than=args.older_than)
-    render_leases(removed, "removed")
+    decisions = break_leases(store, kind=args.kind, older_than=args.older_than, force=args.force)
+    render_leases(decisions)
     if out.as_json:
-        out.emit({"store": url, "removed": [lease.to_dict() for lease in removed]})
-    return 0
+        out.emit({"store": url, "removed": [d.to_dict() for d in decisions if d.removed],
+                  "refused": [d.to_dict() for d in decisions if not d.removed]})
+    return EXIT_CHECK_FAILED if any(not d.removed for d in decisions) else 0
 
 
 def cmd_completeness(args: argparse.Namespace, out: Output) -> int:
@@ -388,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("gc", "publish"), default="gc")
     p.add_argument("--older-than", type=float, default=0.0, metavar="SECONDS",
                    help="only leases at least this old (default 0: all of that kind)")
+    p.add_argument("--force", action="store_true",
+                   help="remove even a lease whose holder may be alive (running on this host, or younger than "
+                        "the TTL on another); a live gc whose lease is broken may delete what a publish needs")
 
     p = command("completeness", cmd_completeness, "is every entry of a matrix published? exit 0 yes, 3 no")
     p.add_argument("config")
@@ -466,9 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one place maps every failure to one line and an exit code
         if debug:
             raise
+        from aotc.render import one_line
+
         code = _error_code(exc)
-        message = str(exc) or type(exc).__name__
-        print(f"aotc: error: {message}", file=sys.stderr)
+        print(f"aotc: error: {one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
         return code
 
 

@@ -11,7 +11,12 @@ hashed in order as they arrive, so there is no second read pass and little is bu
 (a 200 that stops early) or a wrong sha256 re-downloads that object, a bounded number of times. At most
 ``OPEN_OBJECTS`` objects are open at once, whatever the artifact's file count.
 
-With a node cache (aotc/store/cache.py) each object is downloaded once per node and linked into dest.
+With a node cache (aotc/store/cache.py) each object is downloaded once per node and linked into dest;
+what was linked is hashed unless its seal shows nothing changed it since it last was.
+Waiting for another fetcher's lock on an object never blocks a thread: the wait polls, ends with the
+fetch (an error elsewhere, the deadline), and gives up on a holder that is stopped, gone or makes no
+progress, downloading the object itself. A cache that cannot be written (read-only, full) is gone around
+with one warning: the store serves.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import errno
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -34,7 +40,7 @@ from aotc.errors import AotcError, BadInput, IntegrityError, NotFoundInStore
 from aotc.files import OLD_SUFFIX, parse_time, recover_swap, remove_quietly, replace_dir, write_new
 from aotc.manifest import MANIFEST_NAME, FileRecord, Manifest, check_relative_path
 from aotc.store import SHA256_HEX, Meter, Store, check_name
-from aotc.store.cache import NodeCache, place
+from aotc.store.cache import NodeCache, place, unusable
 
 DEFAULT_WORKERS = 16
 CHUNK_SIZE = 16 << 20
@@ -44,6 +50,9 @@ STAGING_MARK = ".aotc-staging-"
 WRITERS = 4  # threads that create, write and hash files (hashlib and pwrite release the GIL)
 OPEN_OBJECTS = 32  # objects open at once (each holds a file descriptor, two with a node cache)
 DEFAULT_OPTIONAL_DEADLINE = 600.0  # fetch --optional gives up after this long unless --deadline says
+LOCK_STALL = 60.0  # a node-cache lock whose holder shows no progress this long is gone around
+LOCK_POLL = (0.002, 0.2)  # first and longest pause between tries of a held node-cache lock
+logger = logging.getLogger(__name__)
 
 
 class DeadlineExceeded(NotFoundInStore):
@@ -74,10 +83,11 @@ class FetchResult:
 def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | None = None,
                    callback: Any = None, workers: int = DEFAULT_WORKERS, chunk_size: int = CHUNK_SIZE,
                    store: Store | None = None, cache: NodeCache | None = None,
-                   cancel: threading.Event | None = None) -> FetchResult:
+                   cancel: threading.Event | None = None, deadline: float | None = None) -> FetchResult:
     """``entry`` is a matrix entry (its fingerprint is computed for this environment) or None.
 
-    ``cancel`` set before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``).
+    ``cancel`` set before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``);
+    ``deadline`` (seconds) also bounds how long a node-cache lock's silent holder is waited for.
     """
     started = time.monotonic()
     recover_interrupted_swap(dest)  # first: even a fetch that fails next must not leave dest missing
@@ -90,25 +100,64 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
     # else: a fully warm node needs no store at all (nor gcsfs' import, seconds on a busy node)
     dest = prepare_dest(dest, manifest)
     meter = Meter(callback, manifest.total_size)
+    keep = frozenset(f.sha256 for f in manifest.files)
+    cache = _make_room(cache, manifest, keep)
+    download, placed = None, False
     try:
         with _Staging(dest) as staging:
             download = _Download(store or _LazyStore(url), manifest, staging.path, meter, workers, chunk_size,
-                                 cache)
+                                 cache, cancel, lock_stall(deadline))
             download.run()
             write_new(os.path.join(staging.path, MANIFEST_NAME), manifest.to_json().encode())
             if cancel is not None and cancel.is_set():
                 raise DeadlineExceeded("fetch cancelled before placing the artifact")
             staging.swap_into_place()
+            placed = True
     finally:
         meter.close()
-    if cache is not None:
-        cache.save_manifest(manifest)
-        cache.evict(keep=frozenset(f.sha256 for f in manifest.files))
+        if cache is not None:
+            _settle(cache, manifest if placed and download.cache else None, keep)
     return FetchResult(store=store.url if store else url, entry=manifest.entry, fingerprint=manifest.fingerprint, dest=dest,
                        files=len(manifest.files), size=manifest.total_size,
                        objects=len({f.sha256 for f in manifest.files}), retried_objects=download.retried,
                        seconds=time.monotonic() - started, downloaded_size=download.downloaded,
                        cached_objects=download.cached, cache_dir=cache.root if cache else None)
+
+
+def lock_stall(deadline: float | None) -> float:
+    """How long a node-cache lock's holder may show no progress: a quarter of a deadline at most."""
+    return LOCK_STALL if deadline is None else min(LOCK_STALL, deadline / 4)
+
+
+def _make_room(cache: NodeCache | None, manifest: Manifest, keep: frozenset[str]) -> NodeCache | None:
+    """Evict before inserting (a cache a failed fetch filled must not stay full); None: go around it."""
+    if cache is None:
+        return None
+    try:
+        cache.evict(keep=keep, incoming=cache.missing_size(manifest))
+    except OSError as exc:
+        if not unusable(exc):
+            raise
+        warn_cache_unusable(cache, exc)
+        return None
+    return cache
+
+
+def _settle(cache: NodeCache, manifest: Manifest | None, keep: frozenset[str]) -> None:
+    """After a fetch, even a failed one: remember the manifest (None: it failed), evict, clean up."""
+    try:
+        if manifest is not None:
+            cache.save_manifest(manifest)
+        cache.evict(keep=keep)
+    except OSError as exc:
+        if not unusable(exc):
+            raise
+    finally:
+        cache.close()
+
+
+def warn_cache_unusable(cache: NodeCache, exc: OSError) -> None:
+    logger.warning("node cache %s: %s; fetching from the store", cache.root, exc.strerror or exc)
 
 
 def fetch_before(deadline: float, **kwargs: Any) -> FetchResult:
@@ -123,7 +172,7 @@ def fetch_before(deadline: float, **kwargs: Any) -> FetchResult:
 
     def run() -> None:
         try:
-            box["result"] = fetch_artifact(**kwargs, cancel=cancel)
+            box["result"] = fetch_artifact(**kwargs, cancel=cancel, deadline=deadline)
         except BaseException as exc:  # handed to the caller's thread below
             box["error"] = exc
 
@@ -374,11 +423,13 @@ class _Download:
     """
 
     def __init__(self, store: Store, manifest: Manifest, root: str, meter: Meter, workers: int, chunk: int,
-                 cache: NodeCache | None = None):
+                 cache: NodeCache | None = None, cancel: threading.Event | None = None,
+                 lock_stall: float = LOCK_STALL):
         self.store, self.manifest, self.root, self.meter = store, manifest, root, meter
         self.workers, self.chunk = max(1, workers), max(1 << 20, chunk)
         self.ahead = self.workers  # chunk reads one object may run ahead of its writer
-        self.cache = cache
+        self.cache, self.cancel, self.lock_stall = cache, cancel, lock_stall
+        self._warned_bypass = False
         self.retried = self.cached = self.downloaded = 0
         fs = None if isinstance(store, _LazyStore) else store.fs  # lazy: run reads on threads if needed
         self._async = bool(getattr(fs, "async_impl", False)) and not getattr(fs, "asynchronous", False)
@@ -387,9 +438,7 @@ class _Download:
         objects = self._plan()
         with ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="aotc-fetch-write") as self._writers, \
                 ThreadPoolExecutor(max_workers=1 if self._async else self.workers,
-                                   thread_name_prefix="aotc-fetch-read") as self._readers, \
-                ThreadPoolExecutor(max_workers=OPEN_OBJECTS if self.cache else 1,
-                                   thread_name_prefix="aotc-fetch-lock") as self._lockers:
+                                   thread_name_prefix="aotc-fetch-read") as self._readers:
             if self._async:
                 from fsspec.asyn import sync
 
@@ -434,38 +483,97 @@ class _Download:
         async with self._open:
             if self.cache is None:
                 await self._download(obj, obj.paths[0])
-                source = obj.paths[0]
             else:
-                source = await self._through_cache(obj)
+                await self._through_cache(obj)
             for extra in obj.paths[1:]:
-                await self._in(self._writers, shutil.copyfile, source, extra)
+                await self._in(self._writers, shutil.copyfile, obj.paths[0], extra)
 
-    async def _through_cache(self, obj: _Object) -> str:
-        """Link from the node cache, downloading into it first when it lacks the object (one
-        fetcher per node per object: the others wait on its lock and then find it cached)."""
+    async def _through_cache(self, obj: _Object) -> None:
+        """Copy from the node cache, downloading into it first when it lacks the object (one fetcher
+        per node per object: the others wait for its lock and then find it cached). A stuck holder or a
+        cache that cannot be written is gone around: the object comes from the store."""
         cache = self.cache
         assert cache is not None
-        # the warm path (free lock, cached object, link) is a few syscalls: on the loop, no thread hop
-        lock = cache.lock(obj.sha256, wait=False) or await self._in(self._lockers, cache.lock, obj.sha256)
         try:
-            cached = cache.lookup(obj.sha256, obj.size)
-            if cached is None:
-                temp = cache.new_temp()
+            lock = await self._cache_lock(obj)
+            if lock is not None:
                 try:
-                    await self._download(obj, temp)
-                    cached = await self._in(self._writers, cache.insert, temp, obj.sha256)
+                    await self._serve_or_fill(cache, obj, lock)
                 finally:
-                    await self._in(self._writers, remove_quietly, temp)
-            else:
-                self.cached += 1
-                self.meter.add(obj.size)
-            try:
-                os.link(cached, obj.paths[0])
-            except OSError:  # another filesystem: copy, off the loop
-                await self._in(self._writers, place, cached, obj.paths[0])
+                    os.close(lock)
+                return
+        except OSError as exc:
+            if not unusable(exc):
+                raise
+            if self.cache is not None:  # one warning; the other objects go around it too
+                self.cache = None
+                warn_cache_unusable(cache, exc)
+        await self._download(obj, obj.paths[0])
+
+    async def _serve_or_fill(self, cache: NodeCache, obj: _Object, lock: int) -> None:
+        """Under the object's lock: download it into the cache if it is not there, then link it into
+        dest. A sealed object whose link changed nothing else is served as is (a few syscalls, on the
+        loop); otherwise what was linked is hashed, and a mismatch removes it and downloads it again."""
+        filled = False
+        for _ in range(ATTEMPTS):
+            st = cache.lookup(obj.sha256, obj.size, lock)
+            if st is None:
+                await self._fill(cache, obj, lock)
+                filled = True
+                continue
+            sealed = cache.sealed(st, lock)
+            try:  # a link is two syscalls: on the loop; a copy (another filesystem) is not
+                _replace_with_link(cache.path(obj.sha256), obj.paths[0], copy=False)
+            except OSError:
+                await self._in(self._writers, _replace_with_link, cache.path(obj.sha256), obj.paths[0])
+            if (sealed and cache.reseal_after_link(obj.sha256, st, lock)) or \
+                    await self._in(self._writers, cache.verify_linked, obj.sha256, obj.size, obj.paths[0], lock):
+                if not filled:
+                    self.cached += 1
+                    self.meter.add(obj.size)
+                return
+            cache.discard(obj.sha256)
+        raise IntegrityError(f"node cache {cache.root}: object {obj.sha256} ({self._name(obj)}) keeps changing "
+                             f"after it is placed (after {ATTEMPTS} attempts)")
+
+    async def _fill(self, cache: NodeCache, obj: _Object, lock: int) -> None:
+        """Download into the cache (hashed while it streams), then give it its name."""
+        temp = cache.new_temp()
+        cache.mark_holder(lock, temp)
+        try:
+            await self._download(obj, temp)
+            await self._in(self._writers, cache.insert, temp, obj.sha256, lock)
         finally:
-            os.close(lock)
-        return obj.paths[0]
+            await self._in(self._writers, remove_quietly, temp)
+
+    async def _cache_lock(self, obj: _Object) -> int | None:
+        """The object's node-cache lock, or None: its holder is stuck, so go around the cache. The wait
+        polls on the loop (no thread sits in flock), so it ends with the fetch: its error or deadline."""
+        cache = self.cache
+        assert cache is not None
+        lock = cache.try_lock(obj.sha256)
+        pause, seen, since = LOCK_POLL[0], None, time.monotonic()
+        while lock is None:
+            if self.cancel is not None and self.cancel.is_set():
+                raise DeadlineExceeded("fetch cancelled while waiting for a node-cache lock")
+            progress, now = cache.holder_progress(obj.sha256), time.monotonic()
+            if progress != seen:
+                seen, since = progress, now
+            why = cache.stuck(progress) or (f"its holder made no progress for {now - since:.0f} s"
+                                            if now - since >= self.lock_stall else None)
+            if why:
+                self._warn_bypass(obj, why)
+                return None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LOCK_POLL[1])
+            lock = cache.try_lock(obj.sha256)
+        return lock
+
+    def _warn_bypass(self, obj: _Object, why: str) -> None:
+        if not self._warned_bypass:  # once per fetch: a stuck fetcher may hold many locks
+            self._warned_bypass = True
+            logger.warning("node cache: the lock on %s (%s) is held and %s; downloading it directly",
+                           obj.sha256[:16], self._name(obj), why)
 
     async def _download(self, obj: _Object, target: str) -> None:
         for attempt in range(1, ATTEMPTS + 1):
@@ -567,6 +675,14 @@ class _Download:
 
     def _name(self, obj: _Object) -> str:
         return os.path.relpath(obj.paths[0], self.root)
+
+
+def _replace_with_link(source: str, target: str, copy: bool = True) -> None:
+    remove_quietly(target)  # an earlier attempt's, whose bytes had changed
+    if copy:
+        place(source, target)
+    else:
+        os.link(source, target)
 
 
 def _create(path: str) -> int:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import hashlib
 import os
 import shutil
 from datetime import datetime, timezone
+from typing import Any
 
 OLD_SUFFIX = ".old"
 
@@ -58,14 +60,42 @@ def human_size(n: int) -> str:
 
 
 def parse_time(text: str) -> float:
-    """ISO-8601 → epoch seconds; unparseable sorts oldest (0.0)."""
+    """ISO-8601 → epoch seconds; unparseable or out of range sorts oldest (0.0)."""
+    stamp = checked_time(text)
+    return 0.0 if stamp is None else stamp
+
+
+def checked_time(text: Any) -> float | None:
+    """ISO-8601 → epoch seconds, or None unless it is a time every reader can show: its UTC date within
+    years 1-9999 (``0001-01-01T00:00+01:00`` parses, yet is year 0 in UTC)."""
     try:
         stamp = datetime.fromisoformat(text)
-    except (TypeError, ValueError):
-        return 0.0
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return stamp.timestamp()
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=timezone.utc)
+        seconds = stamp.timestamp()
+        datetime.fromtimestamp(seconds, timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
+    return seconds
+
+
+def process_state(pid: int) -> str | None:
+    """A local process's one-letter state from /proc/<pid>/stat (R, S, D, T, Z, ...); None: no such pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()[0] if ")" in text else None
+
+
+@functools.lru_cache(maxsize=1)
+def pid_namespace() -> str | None:
+    """Pids mean something only within one pid namespace (pods on a node each have their own)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def remove_quietly(path: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 from aotc.errors import BadInput, IntegrityError
 
 SCHEMA = 1
+MAX_FILE_SIZE = (1 << 63) - 1  # what a filesystem's off_t holds
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how JSON spells a surrogate (paired or not)
 MANIFEST_NAME = "manifest.json"
 CACHE_DIR_NAME = "cache"
 STARTUP, RUNTIME = "startup", "runtime"  # the graph families beyond the plan (docs/design.md)
@@ -107,7 +110,7 @@ class Manifest:
                  "device", "files", "graphs", "verify"}
         try:
             files = tuple(
-                FileRecord(path=check_relative_path(f["path"]), sha256=str(f["sha256"]), size=int(f["size"]))
+                FileRecord(path=check_relative_path(f["path"]), sha256=str(f["sha256"]), size=_byte_count(f["size"]))
                 for f in data["files"]
             )
             verify = data.get("verify")
@@ -126,13 +129,16 @@ class Manifest:
     @staticmethod
     def decode(text: str | bytes) -> Any:
         """JSON from a store other people write to: any way it fails to parse is an IntegrityError
-        (bad UTF-8, a number too long for int, nesting too deep for the parser)."""
+        (bad UTF-8, a number too long for int, nesting too deep for the parser, a lone surrogate)."""
         try:
-            return json.loads(text)
+            data = json.loads(text)
         except RecursionError as exc:
             raise IntegrityError("manifest is not valid JSON: nested too deeply") from exc
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int digit limit
             raise IntegrityError(f"manifest is not valid JSON: {exc}") from exc
+        if _SURROGATE_ESCAPE.search(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")):
+            _check_unicode(data)
+        return data
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
@@ -152,3 +158,21 @@ class Manifest:
         tmp.write_text(self.to_json())
         tmp.replace(path)
         return path
+
+
+def _byte_count(value: Any) -> int:
+    """A file size as the manifest states it: a JSON integer in 0..2**63-1 (1e400 and 10**400 are not)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FILE_SIZE:
+        shown = repr(value) if not isinstance(value, int) or value.bit_length() < 128 else "a huge number"
+        raise IntegrityError(f"malformed manifest: size {shown[:40]} is not a byte count")
+    return value
+
+
+def _check_unicode(data: Any) -> None:
+    """Every string encodes as UTF-8: a lone surrogate (valid JSON, not text) cannot be written anywhere."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise IntegrityError("manifest is not valid JSON text: a string holds a lone surrogate") from exc

@@ -165,7 +165,13 @@ def progress_bar(enabled: bool, description: str) -> Any:
 
 
 def warn(message: Any) -> None:
-    print(f"aotc: warning: {message}", file=sys.stderr)
+    print(f"aotc: warning: {one_line(message)}", file=sys.stderr)
+
+
+def one_line(message: Any) -> str:
+    """Text from a store (names, reasons) as one printable line: a newline, control character or lone
+    surrogate is shown as its escape, so a warning or an error stays one line however odd the data."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(message))
 
 
 def print_warnings(warnings: Iterable[Any]) -> None:
@@ -174,6 +180,7 @@ def print_warnings(warnings: Iterable[Any]) -> None:
 
 
 def render_ls(info: Any, console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"aotc store {info.url}", title_justify="left")
@@ -184,7 +191,7 @@ def render_ls(info: Any, console: Any) -> None:
             marks = ["ref" if m.fingerprint == entry.ref else ""]
             if m.missing_objects:
                 marks.append(f"[red]{m.missing_objects} missing[/red]")
-            table.add_row(entry.name, m.fingerprint[:16], m.created, str(m.file_count), m.size_str,
+            table.add_row(entry.name, m.fingerprint[:16], escape(m.created), str(m.file_count), m.size_str,
                           " ".join(x for x in marks if x))
     console.print(table)
     console.print(f"{len(info.objects)} objects, {info.size_on_store_str} on store")
@@ -195,7 +202,7 @@ def render_gc(strategy: Any, dry_run: bool, console: Any, report: Any = None) ->
     console.print(f"gc keep={strategy.keep}: {verb} {len(strategy.manifests_to_delete)} manifest(s), "
                   f"{len(strategy.objects_to_delete)} object(s) ({strategy.expected_freed_size_str})")
     for m in strategy.manifests_to_delete:
-        console.print(f"  {m.entry} {m.fingerprint[:16]} {m.created}")
+        console.print(f"  {m.entry} {m.fingerprint[:16]} {m.created}", markup=False)
     if strategy.objects_too_new:
         console.print(f"  kept {len(strategy.objects_too_new)} unreferenced object(s) younger than "
                       f"{strategy.min_age:.0f}s (a publish may be about to reference them)")
@@ -240,9 +247,12 @@ def render_completeness(report: Any) -> None:
           f"published in {report.store}", file=sys.stderr)
 
 
-def render_leases(leases: list[Any], verb: str) -> None:
-    for lease in leases:
-        age = "unknown age" if lease.age is None else f"age {lease.age:.0f}s"
-        print(f"aotc: {verb} {lease.kind} lease {lease.url} ({age})", file=sys.stderr)
-    if not leases:
+def render_leases(decisions: list[Any]) -> None:
+    for d in decisions:
+        age = "unknown age" if d.lease.age is None else f"age {d.lease.age:.0f}s"
+        verb = "removed" if d.removed else "refused to remove"
+        hint = "" if d.removed else "; --force removes it anyway"
+        print(f"aotc: {verb} {d.lease.kind} lease {one_line(d.lease.url)} ({age}): {one_line(d.checked)}{hint}",
+              file=sys.stderr)
+    if not decisions:
         print("aotc: no matching lease", file=sys.stderr)

@@ -3,40 +3,58 @@
 Objects are content-addressed, so one copy per node serves every pod and every entry that shares it::
 
     <dir>/objects/<2 hex>/<sha256>   read-only, verified before it got its name
-    <dir>/locks/<sha256>             flock: one fetcher per node downloads an object, others wait for it
-    <dir>/tmp/                       downloads in progress (a killed fetcher leaves junk here, removed later)
+    <dir>/locks/<sha256>             flock: one fetcher per node downloads an object, others wait for it;
+                                     it records the object's seal and its holder's pid and download path
+    <dir>/tmp/<pid>-<random>/        one fetcher's downloads in progress; it holds an flock on the dir
     <dir>/manifests/<entry>/<fp>.json  manifests fetched here: a store writes each path once, so a fully
                                      warm node fetches without contacting the store
 
-Insert: a download lands in ``tmp/``, its sha256 is checked while it streams, and only then is it linked
-to its name. Serve: the size must match and the mtime must still be the sentinel set at insert (a write
-through any hard link, e.g. into a pod's dest, changes it); anything else is evicted and fetched again,
-so a corrupted object is never served. Use stamps the atime explicitly (LRU order even on noatime
-mounts). Eviction removes least-recently-used objects until the cache fits its size bound, skipping
-objects another fetcher holds a lock on.
+Insert: a download lands in the fetcher's own tmp dir, its sha256 is checked while it streams, then it is
+renamed to its name and sealed (``Seal``: inode, size, mtime, ctime and link count, as when hashed). Serve:
+dests get hard links (a copy across filesystems). A dest shares the cache's inode, so a pod writing its dest,
+or anyone writing the object whatever mtime they restore, changes the cached bytes; no size or mtime check
+can tell, but the kernel's ctime moves. A sealed object is linked and sealed anew when that link is all that
+changed it; anything else (a write, a chmod, another dest unlinked) means the linked bytes are hashed: the
+same bytes are sealed again, others are removed and downloaded. A changed object is never served.
+
+Clean-up never touches a live fetcher's download: a tmp dir is removed only when its flock is free (its
+fetcher is gone). Damage heals: whatever stands where one of the cache's dirs or files belongs (a file for a
+dir, a dir for a file, a link) is removed and the object fetched again. Eviction removes least-recently-used
+objects (the lock file's mtime, stamped on every use) until the cache fits its size bound, before a fetch
+inserts and after it, skipping objects another fetcher holds a lock on.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import json
+import logging
 import os
 import re
 import shutil
+import stat
+import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from typing import Any
 
 from aotc.errors import BadInput, IntegrityError
-from aotc.files import parse_time, remove_quietly
+from aotc.files import parse_time, pid_namespace, process_state, remove_quietly, sha256_file
 from aotc.manifest import Manifest
-from aotc.store.layout import check_name
+from aotc.store.layout import SHA256_HEX, check_name
 
 ENV_CACHE_DIR = "AOTC_CACHE_DIR"
 ENV_CACHE_MAX_SIZE = "AOTC_CACHE_MAX_SIZE"
 DEFAULT_MAX_SIZE = 50 << 30
-SENTINEL_MTIME_NS = 1_000_000_000 * 10**9  # 2001-09-09: "unchanged since insert"
-TMP_MAX_AGE = 3600.0  # a download in tmp/ older than this belongs to a dead fetcher
+SUBDIRS = ("objects", "locks", "tmp", "manifests")
+TMP_GRACE = 60.0  # an unlocked tmp dir younger than this may belong to a fetcher about to lock it
+TMP_MAX_AGE = 3600.0  # a loose file in tmp/ whose ctime is older than this is junk (ctime: no utime fakes it)
+# a cache that fails with one of these is skipped (the store serves), never the reason a fetch fails
+UNUSABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+logger = logging.getLogger(__name__)
 
 
 def parse_size(text: str) -> int:
@@ -47,6 +65,11 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+def unusable(exc: BaseException) -> bool:
+    """The cache's filesystem refuses (read-only, full, not ours): fetch goes around the cache."""
+    return isinstance(exc, OSError) and exc.errno in UNUSABLE
+
+
 @dataclass(frozen=True)
 class EvictionReport:
     removed_objects: int
@@ -54,39 +77,230 @@ class EvictionReport:
     size_after: int
 
 
+@dataclass(frozen=True)
+class Seal:
+    """An object's inode as it was when its bytes were hashed. The kernel sets ctime to now on every
+    write, chmod, utime, link or unlink, and no user can set it back: a seal that still matches means
+    the bytes hashed are the bytes there, without reading them."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    nlink: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Seal:
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+
+    def linked_once_more(self, st: os.stat_result) -> bool:
+        """``st`` is this inode with one more hard link and no other change but the ctime that link set
+        (a write moves mtime; one that put mtime back within that instant is the one change not seen)."""
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_nlink) == \
+            (self.ino, self.size, self.mtime_ns, self.nlink + 1)
+
+
 class NodeCache:
     def __init__(self, root: str, max_size: int = DEFAULT_MAX_SIZE):
         self.root = os.path.abspath(root)
         self.max_size = max_size
-        for sub in ("objects", "locks", "tmp"):
-            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+        self._tmp: tuple[str, int] | None = None  # this fetcher's tmp dir and the fd holding its flock
+        os.makedirs(self.root, exist_ok=True)  # a root that is a file is the caller's mistake (exit 2)
+        for sub in SUBDIRS:
+            self._make_dir(os.path.join(self.root, sub))
 
     def path(self, sha256: str) -> str:
         return os.path.join(self.root, "objects", sha256[:2], sha256)
 
-    def lookup(self, sha256: str, size: int) -> str | None:
-        """The cached file for this object if it is intact, else None (and a damaged one is gone)."""
+    # --- serving ---------------------------------------------------------------------------------
+
+    def lookup(self, sha256: str, size: int, lock: int) -> os.stat_result | None:
+        """The cached object's stat if a regular file of the right size is there (its bytes are checked
+        where it is placed: ``sealed``, ``reseal_after_link``, ``verify_linked``); anything else at its
+        path is removed."""
         path = self.path(sha256)
         try:
-            st = os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        if st.st_size == size and st.st_mtime_ns == SENTINEL_MTIME_NS and os.path.isfile(path) \
-                and not os.path.islink(path):
-            os.utime(path, ns=(time.time_ns(), SENTINEL_MTIME_NS), follow_symlinks=False)  # LRU stamp
-            return path
-        remove_quietly(path)  # changed since insert: never serve it
-        return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            self._clear(path, "not the object it is named for")
+            return None
+        os.utime(lock)  # LRU stamp on the lock file: touching the object would move its ctime
+        return st
+
+    def sealed(self, st: os.stat_result, lock: int) -> bool:
+        """The object is as it was when its bytes were last hashed (see ``Seal``)."""
+        return Seal.of(st) == self._seal(lock)
+
+    def reseal_after_link(self, sha256: str, before: os.stat_result, lock: int) -> bool:
+        """After linking a sealed object into a dest: True, and sealed anew, when that link is all that
+        changed its inode; else False (hash what was linked: ``verify_linked``)."""
+        try:
+            after = os.lstat(self.path(sha256))
+        except OSError:
+            return False
+        if not Seal.of(before).linked_once_more(after):
+            return False
+        self._write_record(lock, seal=astuple(Seal.of(after)))
+        return True
+
+    def verify_linked(self, sha256: str, size: int, target: str, lock: int) -> bool:
+        """Hash what was placed at ``target``; when it is the cached inode itself and nothing changed it
+        while it was read, seal it (the next fetch skips the hash)."""
+        before = os.lstat(target)
+        if sha256_file(target) != (sha256, size):
+            return False
+        after = os.lstat(target)
+        try:
+            same_inode = os.lstat(self.path(sha256)).st_ino == after.st_ino
+        except OSError:
+            same_inode = False
+        if same_inode and Seal.of(after) == Seal.of(before):
+            self._write_record(lock, seal=astuple(Seal.of(after)))
+        return True
+
+    def discard(self, sha256: str) -> None:
+        """A cached object whose bytes are not its name's: remove it (under its lock)."""
+        self._clear(self.path(sha256), "its bytes changed since it was cached")
 
     def holds_all(self, manifest: Manifest) -> bool:
         """Every object of ``manifest`` is here with its size (a cheap pre-check; lookup decides)."""
-        for f in manifest.files:
+        return self.missing_size(manifest) == 0
+
+    def missing_size(self, manifest: Manifest) -> int:
+        """Bytes of ``manifest``'s objects this cache does not hold (what a fetch will insert)."""
+        sizes = {f.sha256: f.size for f in manifest.files if f.size}
+        missing = 0
+        for sha, size in sizes.items():
             try:
-                if f.size and os.stat(self.path(f.sha256), follow_symlinks=False).st_size != f.size:
-                    return False
-            except FileNotFoundError:
-                return False
-        return True
+                st = os.lstat(self.path(sha))
+            except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != size:
+                missing += size
+        return missing
+
+    # --- inserting -------------------------------------------------------------------------------
+
+    def new_temp(self) -> str:
+        return os.path.join(self._owned_tmp(), f"{uuid.uuid4().hex}.part")
+
+    def insert(self, temp: str, sha256: str, lock: int) -> str:
+        """Give a verified download its name and seal it (under the object's lock)."""
+        path = self.path(sha256)
+        self._make_dir(os.path.dirname(path))
+        if os.path.isdir(path) and not os.path.islink(path):
+            self._clear(path, "a directory where an object belongs")
+        os.chmod(temp, 0o444)
+        os.replace(temp, path)
+        self._write_record(lock, seal=astuple(Seal.of(os.lstat(path))))
+        os.utime(lock)
+        return path
+
+    def close(self) -> None:
+        """Remove this fetcher's tmp dir (a killed fetcher's is removed by the next clean-up)."""
+        if self._tmp is not None:
+            path, fd = self._tmp
+            self._tmp = None
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
+
+    def _owned_tmp(self) -> str:
+        if self._tmp is None:
+            parent = self._make_dir(os.path.join(self.root, "tmp"))
+            path = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=parent)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._tmp = (path, fd)
+        return self._tmp[0]
+
+    # --- locks -----------------------------------------------------------------------------------
+
+    def try_lock(self, sha256: str) -> int | None:
+        """This object's lock (an fd: close it to release), or None while another fetcher holds it.
+        The holder writes its pid into the lock file at once, so a waiter can tell if it was stopped."""
+        fd = self._open_lock(sha256)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            self.mark_holder(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def mark_holder(self, lock: int, temp: str | None = None) -> None:
+        """Tell waiters who holds this lock and where its download lands (see ``holder_progress``)."""
+        self._write_record(lock, holder={"pid": os.getpid(), "pidns": pid_namespace(), "temp": temp})
+
+    def holder_progress(self, sha256: str) -> tuple[Any, ...]:
+        """What a waiter watches: who holds the lock, how far its download got, when the lock was used."""
+        path = self._lock_path(sha256)
+        try:
+            with open(path, "rb") as f:
+                record, mtime = _parse_record(f.read(4096)), os.fstat(f.fileno()).st_mtime_ns
+        except OSError:
+            return ()
+        holder = record.get("holder") if isinstance(record.get("holder"), dict) else {}
+        temp = holder.get("temp")
+        try:
+            grown = os.stat(temp).st_size if isinstance(temp, str) else -1
+        except OSError:
+            grown = -1
+        return holder.get("pid"), holder.get("pidns"), temp, grown, mtime
+
+    @staticmethod
+    def stuck(progress: tuple[Any, ...]) -> str | None:
+        """Why a lock's holder will never finish, when this process can see it (same pid namespace)."""
+        if not progress or progress[1] is None or progress[1] != pid_namespace():
+            return None
+        pid = progress[0]
+        if not isinstance(pid, int) or pid <= 0:
+            return None
+        state = process_state(pid)
+        if state is None:
+            return f"its holder, pid {pid}, is gone"
+        if state in "TtZX":
+            return f"its holder, pid {pid}, is stopped"
+        return None
+
+    def _open_lock(self, sha256: str) -> int:
+        path = self._lock_path(sha256)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EISDIR, errno.ENOTDIR, errno.ENOENT, errno.ELOOP):
+                raise
+        self._make_dir(os.path.dirname(path))
+        if os.path.lexists(path):
+            self._clear(path, "not a lock file")
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+
+    def _lock_path(self, sha256: str) -> str:
+        return os.path.join(self.root, "locks", sha256)
+
+    def _seal(self, lock: int) -> Seal | None:
+        value = self._record(lock).get("seal")
+        try:
+            return Seal(*value) if isinstance(value, list) else None
+        except TypeError:
+            return None
+
+    @staticmethod
+    def _record(lock: int) -> dict[str, Any]:
+        return _parse_record(os.pread(lock, 4096, 0))
+
+    def _write_record(self, lock: int, **changes: Any) -> None:
+        record = {k: v for k, v in (self._record(lock) | changes).items() if v is not None}
+        body = json.dumps(record).encode()
+        os.pwrite(lock, body, 0)
+        os.ftruncate(lock, len(body))
+
+    # --- manifests -------------------------------------------------------------------------------
 
     def manifest(self, entry: str, fingerprint: str) -> Manifest | None:
         path = self._manifest_path(entry, fingerprint)
@@ -96,7 +310,7 @@ class NodeCache:
         except FileNotFoundError:
             return None
         except (OSError, IntegrityError):
-            remove_quietly(path)  # damaged: the store has the real one
+            self._clear_way(path)  # damaged: the store has the real one
             return None
         return manifest if (manifest.entry, manifest.fingerprint) == (entry, fingerprint) else None
 
@@ -105,13 +319,21 @@ class NodeCache:
             check_name(fingerprint, "fingerprint")
         except IntegrityError:
             return None
-        found = [m for entry in _listdir(os.path.join(self.root, "manifests"))
-                 if (m := self.manifest(entry, fingerprint)) is not None]
+        found = []
+        for entry in _listdir(os.path.join(self.root, "manifests")):
+            try:
+                manifest = self.manifest(entry, fingerprint)
+            except IntegrityError:  # not a name a store path can have: junk
+                continue
+            if manifest is not None:
+                found.append(manifest)
         return max(found, key=lambda m: parse_time(m.created)) if found else None
 
     def save_manifest(self, manifest: Manifest) -> None:
         path = self._manifest_path(manifest.entry, manifest.fingerprint)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._make_dir(os.path.dirname(path))
+        if os.path.isdir(path) and not os.path.islink(path):
+            self._clear(path, "a directory where a manifest belongs")
         temp = self.new_temp()
         with open(temp, "w") as f:
             f.write(manifest.to_json())
@@ -121,47 +343,17 @@ class NodeCache:
         return os.path.join(self.root, "manifests", check_name(entry, "entry name"),
                             f"{check_name(fingerprint, 'fingerprint')}.json")
 
-    def new_temp(self) -> str:
-        return os.path.join(self.root, "tmp", f"{uuid.uuid4().hex}.part")
+    # --- eviction and clean-up -------------------------------------------------------------------
 
-    def insert(self, temp: str, sha256: str) -> str:
-        """Give a verified download in tmp/ its name; another fetcher's identical copy may win."""
-        path = self.path(sha256)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.chmod(temp, 0o444)
-        os.utime(temp, ns=(time.time_ns(), SENTINEL_MTIME_NS))
-        os.replace(temp, path)  # same bytes either way: the last rename is as good as the first
-        return path
-
-    def lock(self, sha256: str, wait: bool = True) -> int | None:
-        """Hold this object's lock until the returned descriptor is closed: one download per node;
-        eviction skips the object meanwhile. None when ``wait`` is False and someone holds it."""
-        fd = os.open(self._lock_path(sha256), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return fd
-
-    def _lock_path(self, sha256: str) -> str:
-        return os.path.join(self.root, "locks", sha256)
-
-    def evict(self, keep: frozenset[str] = frozenset()) -> EvictionReport:
-        """Remove least-recently-used objects until the cache fits ``max_size``; ``keep`` stays."""
+    def evict(self, keep: frozenset[str] = frozenset(), incoming: int = 0) -> EvictionReport:
+        """Remove least-recently-used objects until the cache and ``incoming`` bytes fit ``max_size``;
+        ``keep`` stays, and so does an object another fetcher holds the lock of."""
         self._clean_tmp()
-        entries = []
-        for sub in _listdir(os.path.join(self.root, "objects")):
-            for name in _listdir(os.path.join(self.root, "objects", sub)):
-                try:
-                    st = os.stat(os.path.join(self.root, "objects", sub, name), follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                entries.append((st.st_atime_ns, name, st.st_size))
+        entries = self._objects()
         total = sum(size for _, _, size in entries)
         removed = removed_size = 0
         for _, sha, size in sorted(entries):
-            if total <= self.max_size:
+            if total + incoming <= self.max_size:
                 break
             if sha in keep or not self._evict_one(sha):
                 continue
@@ -169,27 +361,85 @@ class NodeCache:
             removed, removed_size = removed + 1, removed_size + size
         return EvictionReport(removed, removed_size, total)
 
+    def _objects(self) -> list[tuple[int, str, int]]:
+        """(last use, sha256, size) of every object; anything else under objects/ is removed."""
+        entries = []
+        objects = os.path.join(self.root, "objects")
+        for shard in _listdir(objects):
+            here = os.path.join(objects, shard)
+            if not os.path.isdir(here) or os.path.islink(here):
+                self._clear(here, "not a shard directory")
+                continue
+            for name in _listdir(here):
+                try:
+                    st = os.lstat(os.path.join(here, name))
+                except FileNotFoundError:
+                    continue
+                if not (stat.S_ISREG(st.st_mode) and SHA256_HEX.fullmatch(name) and name[:2] == shard):
+                    self._clear(os.path.join(here, name), "not a cached object")
+                    continue
+                entries.append((_mtime_ns(self._lock_path(name)), name, st.st_size))
+        return entries
+
     def _evict_one(self, sha: str) -> bool:
-        fd = os.open(self._lock_path(sha), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = self.try_lock(sha)
+        if lock is None:
+            return False  # a fetcher is inserting or about to serve it
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # a fetcher is inserting or about to serve it
             remove_quietly(self.path(sha))
             return True
         finally:
-            os.close(fd)
+            os.close(lock)
 
     def _clean_tmp(self) -> None:
+        """Remove what dead fetchers left in tmp/: a dir whose flock is free, a loose file long unchanged."""
+        parent = os.path.join(self.root, "tmp")
         now = time.time()
-        for name in _listdir(os.path.join(self.root, "tmp")):
-            path = os.path.join(self.root, "tmp", name)
+        for name in _listdir(parent):
+            path = os.path.join(parent, name)
+            if self._tmp is not None and path == self._tmp[0]:
+                continue
             try:
-                if now - os.stat(path).st_mtime > TMP_MAX_AGE:
-                    remove_quietly(path)
+                st = os.lstat(path)
             except FileNotFoundError:
                 continue
+            if stat.S_ISDIR(st.st_mode):
+                if now - st.st_mtime > TMP_GRACE:
+                    _remove_if_unlocked(path)
+            elif now - st.st_ctime > TMP_MAX_AGE:
+                remove_quietly(path)
+
+    # --- healing ---------------------------------------------------------------------------------
+
+    def _make_dir(self, path: str) -> str:
+        """``path`` as a real dir: a file, link or anything else where one of its dirs belongs is removed."""
+        here = self.root
+        for part in os.path.relpath(path, self.root).split(os.sep):
+            here = os.path.join(here, part)
+            if os.path.islink(here) or (os.path.lexists(here) and not os.path.isdir(here)):
+                self._clear(here, "not a directory")
+            try:
+                os.mkdir(here)
+            except FileExistsError:
+                pass
+        return path
+
+    def _clear_way(self, path: str) -> None:
+        """Whatever is at ``path`` or stands in for one of its dirs goes (the next fetch writes it anew)."""
+        here = self.root
+        for part in os.path.relpath(path, self.root).split(os.sep):
+            here = os.path.join(here, part)
+            if here == path or os.path.islink(here) or (os.path.lexists(here) and not os.path.isdir(here)):
+                if os.path.lexists(here):
+                    self._clear(here, "damaged")
+                return
+
+    def _clear(self, path: str, why: str) -> None:
+        logger.warning("node cache: removed %s (%s)", path, why)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            remove_quietly(path)
 
 
 def place(source: str, target: str) -> None:
@@ -201,9 +451,39 @@ def place(source: str, target: str) -> None:
         os.chmod(target, 0o644)
 
 
+def _parse_record(data: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(data or b"{}")
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _remove_if_unlocked(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return  # its fetcher is alive
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def _mtime_ns(path: str) -> int:
+    try:
+        return os.lstat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
-

@@ -10,7 +10,8 @@ exists. Both sides write and then read, so with a strongly consistent listing (G
 least one sees the other: either gc defers, or the publisher lists the objects after gc finished.
 
 A killed gc leaves its lease behind; publishers wait for it to expire (``GC_LOCK_TTL``) and say so at
-warning level with its age. ``aotc break-lease`` removes it at once (``break_leases``).
+warning level with its age. ``aotc break-lease`` removes it at once (``break_leases``) when it can tell the
+holder is gone: a pid on this host that no longer runs, else an age past the TTL (``--force`` overrides).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from aotc.files import pid_namespace, process_state
 from aotc.store import layout
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ class Lease:
 @contextmanager
 def hold(store: Store, kind: str) -> Iterator[str]:
     path = store.path(layout.lock_key(kind))
-    body = {"kind": kind, "pid": os.getpid(), "host": os.uname().nodename,
+    body = {"kind": kind, "pid": os.getpid(), "host": os.uname().nodename, "pidns": pid_namespace(),
             "started": datetime.now(timezone.utc).isoformat()}
     store.replace(path, json.dumps(body).encode())
     try:
@@ -130,18 +132,57 @@ def _who(holder: dict[str, Any]) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}" if holder else "an unknown process"
 
 
-def break_leases(store: Store, kind: str = "gc", older_than: float = 0.0) -> list[Lease]:
-    """Delete the ``kind`` leases at least ``older_than`` seconds old; return what was removed.
+@dataclass(frozen=True)
+class BreakDecision:
+    """What ``break-lease`` did with one lease and what it checked to decide."""
 
-    For an operator who knows the holder is dead: a live gc whose lease is broken may delete objects a
-    publisher is about to reference, so the CLI asks for the kind explicitly."""
+    lease: Lease
+    removed: bool
+    checked: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.lease.to_dict() | {"removed": self.removed, "checked": self.checked}
+
+
+def break_leases(store: Store, kind: str = "gc", older_than: float = 0.0, force: bool = False) -> list[BreakDecision]:
+    """Delete the ``kind`` leases at least ``older_than`` seconds old whose holder is known to be gone.
+
+    A live gc whose lease is broken may delete objects a publisher is about to reference, so a lease is
+    removed only when its holder ran on this host (and pid namespace) and is no longer running, or, when
+    that cannot be checked from here, when it is older than the kind's TTL; ``force`` skips the checks."""
     marker = store.path(layout.lock_key("probe"))
     store.replace(marker, b"{}")
     try:
         now = server_time(store, marker)
     finally:
         store.delete([marker])
-    doomed = [lease for lease in list_leases(store, kind, now)
-              if lease.age is None or lease.age >= older_than]
-    store.delete([lease.path for lease in doomed])
-    return doomed
+    ttl = store.gc_lock_ttl if kind == "gc" else store.publish_lease_ttl
+    decisions = [_decide(lease, ttl, force) for lease in list_leases(store, kind, now)
+                 if lease.age is None or lease.age >= older_than]
+    store.delete([d.lease.path for d in decisions if d.removed])
+    return decisions
+
+
+def _decide(lease: Lease, ttl: float, force: bool) -> BreakDecision:
+    if force:
+        return BreakDecision(lease, True, "--force: nothing checked")
+    pid = lease.holder.get("pid")
+    if _checkable_here(lease.holder) and isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+        state = process_state(pid)
+        if state is not None and state not in "ZX":
+            return BreakDecision(lease, False, f"its holder, pid {pid} on this host, is running")
+        return BreakDecision(lease, True, f"its holder, pid {pid} on this host, is not running")
+    who = f"its holder ({_who(lease.holder)}) cannot be checked from here"
+    if lease.age is None:
+        return BreakDecision(lease, False, f"its age is unknown and {who}")
+    if lease.age < ttl:
+        return BreakDecision(lease, False, f"it is {lease.age:.0f} s old, younger than the {lease.kind} lease TTL "
+                                           f"({ttl:.0f} s), and {who}")
+    return BreakDecision(lease, True, f"it is {lease.age:.0f} s old, past the {lease.kind} lease TTL ({ttl:.0f} s)")
+
+
+def _checkable_here(holder: dict[str, Any]) -> bool:
+    """The holder's pid means a process this one can see: same host, and same pid namespace if recorded."""
+    if holder.get("host") != os.uname().nodename:
+        return False
+    return holder.get("pidns") in (None, pid_namespace())

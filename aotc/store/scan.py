@@ -6,11 +6,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aotc.files import human_size, parse_time
+from aotc.files import checked_time, human_size, parse_time
 from aotc.store import layout
 from aotc.store.core import ObjectInfo
 
 if TYPE_CHECKING:
+    from aotc.manifest import Manifest
     from aotc.store.core import Store
     from aotc.store.gc import GcStrategy
 
@@ -148,10 +149,14 @@ def scan_manifests(store: Store, objects: dict[str, ObjectInfo]
                    ) -> tuple[list[ManifestInfo], list[StoreWarning], list[str]]:
     """(manifests, warnings, damaged paths): a damaged manifest is a warning, only I/O failures raise."""
     found, damaged = store.load_manifests(sorted(store.find(layout.MANIFESTS)))
+    odd = {path: reason for path, manifest, _ in found if (reason := odd_field(manifest))}
+    damaged += odd.items()
     warnings = [StoreWarning(DAMAGED_MANIFEST, store.url_of(path), _strip(reason, store.url_of(path)))
                 for path, reason in damaged]
     out = []
     for path, manifest, _ in found:
+        if path in odd:
+            continue
         shas = frozenset(f.sha256 for f in manifest.files)
         missing = sum(1 for s in shas if s not in objects)
         if missing:
@@ -160,6 +165,14 @@ def scan_manifests(store: Store, objects: dict[str, ObjectInfo]
         out.append(ManifestInfo(manifest.entry, manifest.fingerprint, manifest.created, path,
                                 len(manifest.files), manifest.total_size, shas, missing))
     return out, warnings, [path for path, _ in damaged]
+
+
+def odd_field(manifest: Manifest) -> str | None:
+    """Why a manifest that parsed cannot be listed as it is, or None. Its files' sizes and every string
+    were checked by the parser; what is left is ``created``, which listings show and sort by."""
+    if checked_time(manifest.created) is None:
+        return f"created {manifest.created[:40]!r} is not an ISO-8601 time within years 1-9999"
+    return None
 
 
 def _strip(reason: str, url: str) -> str:

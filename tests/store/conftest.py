@@ -6,6 +6,7 @@ import os
 
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # before gcsfs is imported, or calls stall
 
+import time
 import types
 import uuid
 from pathlib import Path
@@ -83,3 +84,12 @@ def artifacts(tmp_path):
 
 def store_of(url: str) -> Store:
     return Store.from_url(url)
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0):
+    """Poll until ``predicate()`` is truthy (returned), failing the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
