@@ -35,13 +35,23 @@ ZOO: dict[str, dict] = {
                      "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "output_router_logits": False},
     "tiny-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False},
     "tiny-qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
+    # tpu-inference's JAX Llama 4 reads the text model from `text_config` (top-1 routed expert plus a shared
+    # one, every 4th layer without RoPE); no vision_config: the text-only architecture.
+    "tiny-llama4": {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4",
+                    "text_config": {**COMMON, "model_type": "llama4_text", "num_local_experts": 8,
+                                    "num_experts_per_tok": 1, "intermediate_size": 64, "intermediate_size_mlp": 128,
+                                    "interleave_moe_layer_step": 1, "use_qk_norm": True, "attention_chunk_size": 8192,
+                                    "no_rope_layers": [], "num_hidden_layers": 4},
+                    "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
 }
 
 
 def write(name: str, fields: dict) -> Path:
     out = HERE / name
     out.mkdir(exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**COMMON, **fields}, indent=2) + "\n")
+    # A config that nests its text model (text_config) holds the common sizes there only.
+    config = fields if "text_config" in fields else {**COMMON, **fields}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for file in TOKENIZER_FILES:
         shutil.copyfile(TOKENIZER / file, out / file)
     return out

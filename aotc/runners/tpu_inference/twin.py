@@ -61,10 +61,17 @@ def install() -> None:
     compiler_options.get_sampling_compiler_options = no_compiler_options
 
     from tpu_inference.layers.common import attention_interface
+    from tpu_inference.layers.jax.attention import attention as jax_attention
 
     from .twin_attention import ragged_paged_attention
 
+    # The shared attention interface, and the JAX models' own attention layer (Llama 4), which imports
+    # the kernel itself.
     attention_interface.ragged_paged_attention = ragged_paged_attention
+    jax_attention.ragged_paged_attention = ragged_paged_attention
+    from . import twin_moe
+
+    twin_moe.install()
     _patch_imported_names()
 
 
