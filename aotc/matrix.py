@@ -54,6 +54,7 @@ class RunnerEnv(_Strict):
     VLLM_TPU_MOST_MODEL_LEN: PositiveInt | None = None
     VLLM_XLA_USE_SPMD: Literal[0, 1] | None = None
     VLLM_TPU_USING_PATHWAYS: Literal[0, 1] | None = None
+    NEW_MODEL_DESIGN: Literal[0, 1] | None = None  # tpu-inference: the 7-axis mesh (Llama 4's shardings need it)
 
 
 class Settings(_Strict):

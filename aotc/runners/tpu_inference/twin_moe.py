@@ -20,25 +20,16 @@ import jax
 import jax.numpy as jnp
 from tokamax._src.ops.experimental.gmm_v2 import gmm_v2 as tokamax_gmm
 
-# The TPU's vector lane count (v5e, v6e, v7x): `fuse_act` weights hold gate and up interleaved in blocks
-# of this many columns (tokamax's interleave_lane, which asks the TPU for it).
-TPU_LANES = 128
-
-
-def deinterleave_lanes(acc: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """tokamax's deinterleave_lane without asking a TPU: [.., gate0 up0 gate1 up1 ..] -> gate, up."""
-    blocks = acc.reshape(*acc.shape[:-1], acc.shape[-1] // (2 * TPU_LANES), 2, TPU_LANES)
-    gate, up = blocks[..., 0, :], blocks[..., 1, :]
-    return gate.reshape(*acc.shape[:-1], -1), up.reshape(*acc.shape[:-1], -1)
-
 
 def fused_activation(acc: jax.Array, name: str) -> jax.Array:
-    """tokamax's apply_act_fn: the activation `gmm_v2(fuse_act=name)` applies to its f32 accumulator."""
-    gate, up = deinterleave_lanes(acc)
+    """What `gmm_v2(fuse_act=name)` returns for an f32 product whose first half of columns is the gate
+    projection and second half the up projection (tpu-inference's w13 = [w1 | w3] per shard). The kernel
+    lane-interleaves the two halves in its accumulator and tokamax's apply_act_fn splits them again."""
+    gate, up = jnp.split(acc, 2, axis=-1)
     if name == "silu":
         return jax.nn.silu(gate) * up
-    if name in ("gelu", "gelu_tanh"):
-        return jax.nn.gelu(gate, approximate=name == "gelu_tanh") * up
+    if name in ("gelu", "gelu_tanh"):  # tokamax's "gelu" is jax.nn.gelu's default: the tanh approximation too
+        return jax.nn.gelu(gate) * up
     if name == "swigluoai":
         return tokamax_gmm.swigluoai(gate, up)
     if name == "silu_and_mul_with_clamp":
