@@ -43,6 +43,15 @@ ZOO: dict[str, dict] = {
                                     "interleave_moe_layer_step": 1, "use_qk_norm": True, "attention_chunk_size": 8192,
                                     "no_rope_layers": [], "num_hidden_layers": 4},
                     "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    # GPT-OSS: head_dim 64 (tpu-inference's hd64 attention kernel, with sinks), sliding and full layers
+    # alternating, YaRN RoPE, experts with biases and a clamped SwiGLU.
+    "tiny-gpt-oss": {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "head_dim": 64,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "experts_per_token": 2, "intermediate_size": 64,
+                     "swiglu_limit": 7.0, "sliding_window": 32, "attention_bias": True, "initial_context_length": 64,
+                     "layer_types": ["sliding_attention", "full_attention"],
+                     "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 64},
+                     "router_aux_loss_coef": 0.9, "output_router_logits": False},
 }
 
 

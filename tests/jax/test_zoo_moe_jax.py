@@ -65,7 +65,7 @@ def test_moe_entry_verifies_with_zero_misses_and_real_loads(built, jax_env):
 
 
 @pytest.mark.slow
-def test_moe_entry_stock_server_compiles_nothing_after_ready(built, jax_env, tmp_path, announce):
+def test_moe_entry_canary_stock_server_compiles_nothing_after_ready(built, jax_env, tmp_path, announce):
     from tests.helpers.canary import canary, publish_copy
 
     model, artifact, _ = built
