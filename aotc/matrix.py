@@ -42,6 +42,8 @@ class EngineArgs(_Strict):
     max_loras: PositiveInt | None = None
     max_lora_rank: PositiveInt | None = None
     disable_chunked_mm_input: StrictBool | None = None
+    # MoE experts sharded over the tensor-parallel ranks (tpu-inference: its expert-parallel GMM backend)
+    enable_expert_parallel: StrictBool | None = None
     # The KV cache's page count, a shape in every backbone graph; unset: max_num_seqs full-length requests
     # (+1 null block), pinned the same way for build, verify and the serving flags (aotc/runners/paddings.py).
     num_gpu_blocks_override: PositiveInt | None = None

@@ -44,7 +44,7 @@ ZOO: dict[str, dict] = {
                                     "no_rope_layers": [], "num_hidden_layers": 4},
                     "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
     # GPT-OSS: head_dim 64 (tpu-inference's hd64 attention kernel, with sinks), sliding and full layers
-    # alternating, YaRN RoPE, experts with biases and a clamped SwiGLU.
+    # alternating, YaRN RoPE, experts with biases and a clamped SwiGLU (swigluoai).
     "tiny-gpt-oss": {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "head_dim": 64,
                      "num_local_experts": 8, "num_experts_per_tok": 2, "experts_per_token": 2, "intermediate_size": 64,
                      "swiglu_limit": 7.0, "sliding_window": 32, "attention_bias": True, "initial_context_length": 64,

@@ -6,6 +6,7 @@ process replays it with zero misses, and the stock server compiles nothing after
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,16 @@ def test_moe_entry_builds_every_planned_graph_and_only_those(built):
     # the rest is the engine's start-up and the traffic sweep's steps, which the plan does not list
     assert {g["family"] for g in manifest["graphs"]} - set(expected.families()) <= {"startup", "runtime"}
     assert all(g["keys"] for g in manifest["graphs"]), "a planned graph left no cache file"
+
+
+@pytest.mark.slow
+def test_plan_names_the_mesh_the_stack_built(built):
+    """The plan's mesh (a fingerprint input) is the one tpu-inference's runner logged creating, axis by axis
+    in order: the 2-D mesh by default, the 7-axis one under NEW_MODEL_DESIGN (Llama 4)."""
+    model, artifact, _ = built
+    line = next(line for line in (artifact / "build.log").read_text().splitlines() if "Init mesh | mesh=" in line)
+    logged = [(axis, int(size)) for axis, size in re.findall(r"'(\w+)': (\d+)", line)]
+    assert list(plan(model).buckets["mesh"]["axes"].items()) == logged
 
 
 @pytest.mark.slow

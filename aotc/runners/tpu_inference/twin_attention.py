@@ -60,42 +60,22 @@ def _softmax_with_sinks(scores, sinks):
     return jax.nn.softmax(jnp.concatenate([sink, scores], axis=-1), axis=-1)[..., 1:]
 
 
-def ragged_paged_attention(
-    queries: jax.Array,  # [T, q_heads, head_dim]
-    keys: jax.Array,  # [T, kv_heads, head_dim]
-    values: jax.Array,
-    kv_cache: jax.Array,  # [pages, page_size, kv_heads_x2 // packing, packing, padded_dim]
-    kv_lens: jax.Array,  # i32[max_num_seqs]
-    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
-    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
-    distribution: jax.Array,  # i32[3]
-    **options: Any,  # the kernel's keywords (_paged_attention)
-):
-    return _paged_attention(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_lens, distribution, None,
-                            merge=merge_kv, unpack=_unpack_kv, **options)
+def ragged_paged_attention(*arrays: jax.Array, **options: Any):
+    """The RPA v3 kernel: _paged_attention's eight arrays and keywords, no sinks."""
+    return _paged_attention(*arrays, None, merge=merge_kv, unpack=_unpack_kv, **options)
 
 
-def ragged_paged_attention_hd64(
-    queries: jax.Array,  # [T, q_heads, 64]
-    keys: jax.Array,  # [T, kv_heads, 64]
-    values: jax.Array,
-    kv_cache: jax.Array,  # [pages, page_size, kv_heads // packing, packing, 128]
-    kv_lens: jax.Array,
-    page_indices: jax.Array,
-    cu_q_lens: jax.Array,
-    distribution: jax.Array,
-    attention_sink: jax.Array | None = None,  # f32[q_heads]
-    **options: Any,
-):
-    return _paged_attention(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_lens, distribution,
-                            attention_sink, merge=kernel_hd64.merge_kv, unpack=_unpack_kv_hd64, **options)
+def ragged_paged_attention_hd64(*arrays: jax.Array, attention_sink: jax.Array | None = None, **options: Any):
+    """The head_dim-64 kernel: the same eight arrays, then (positional or not) its sinks, f32[q_heads]."""
+    sinks = arrays[8] if len(arrays) > 8 else attention_sink
+    return _paged_attention(*arrays[:8], sinks, merge=kernel_hd64.merge_kv, unpack=_unpack_kv_hd64, **options)
 
 
 def _paged_attention(
     queries: jax.Array,  # [T, q_heads, head_dim]
     keys: jax.Array,  # [T, kv_heads, head_dim]
     values: jax.Array,
-    kv_cache: jax.Array,  # [pages, page_size, kv_heads_x2 // packing, packing, padded_dim]
+    kv_cache: jax.Array,  # [pages, page_size, ...] in merge's layout, which unpack reads back
     kv_lens: jax.Array,  # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
     cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
