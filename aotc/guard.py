@@ -54,6 +54,7 @@ ENGINE_ARGS: dict[str, Callable[[Any], Any]] = {
     "max_loras": lambda c: c.lora_config.max_loras if c.lora_config else None,
     "max_lora_rank": lambda c: c.lora_config.max_lora_rank if c.lora_config else None,
     "disable_chunked_mm_input": lambda c: c.scheduler_config.disable_chunked_mm_input,
+    "enable_expert_parallel": lambda c: c.parallel_config.enable_expert_parallel,
     "num_gpu_blocks_override": lambda c: c.cache_config.num_gpu_blocks_override,
 }
 

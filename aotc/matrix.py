@@ -62,6 +62,8 @@ class EngineArgs(BaseModel):
     max_loras: PositiveInt | None = None
     max_lora_rank: PositiveInt | None = None
     disable_chunked_mm_input: StrictBool | None = None
+    # MoE experts sharded over the tensor-parallel ranks (tpu-inference: its expert-parallel GMM backend)
+    enable_expert_parallel: StrictBool | None = None
     # The KV cache's page count, a shape in every backbone graph; unset: max_num_seqs full-length requests
     # (+1 null block), pinned the same way for build, verify and the serving flags (aotc/runners/paddings.py).
     num_gpu_blocks_override: PositiveInt | None = None
@@ -74,6 +76,7 @@ class RunnerEnv(_Strict):
     VLLM_TPU_MOST_MODEL_LEN: PositiveInt | None = None
     VLLM_XLA_USE_SPMD: Literal[0, 1] | None = None
     VLLM_TPU_USING_PATHWAYS: Literal[0, 1] | None = None
+    NEW_MODEL_DESIGN: Literal[0, 1] | None = None  # tpu-inference: the 7-axis mesh (Llama 4's shardings need it)
 
 
 class Settings(_Strict):

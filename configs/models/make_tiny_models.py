@@ -40,13 +40,32 @@ ZOO: dict[str, dict] = {
                      "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "output_router_logits": False},
     "tiny-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False},
     "tiny-qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
+    # tpu-inference's JAX Llama 4 reads the text model from `text_config` (top-1 routed expert plus a shared
+    # one, every 4th layer without RoPE); no vision_config: the text-only architecture.
+    "tiny-llama4": {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4",
+                    "text_config": {**COMMON, "model_type": "llama4_text", "num_local_experts": 8,
+                                    "num_experts_per_tok": 1, "intermediate_size": 64, "intermediate_size_mlp": 128,
+                                    "interleave_moe_layer_step": 1, "use_qk_norm": True, "attention_chunk_size": 8192,
+                                    "no_rope_layers": [], "num_hidden_layers": 4},
+                    "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    # GPT-OSS: head_dim 64 (tpu-inference's hd64 attention kernel, with sinks), sliding and full layers
+    # alternating, YaRN RoPE, experts with biases and a clamped SwiGLU (swigluoai).
+    "tiny-gpt-oss": {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "head_dim": 64,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "experts_per_token": 2, "intermediate_size": 64,
+                     "swiglu_limit": 7.0, "sliding_window": 32, "attention_bias": True, "initial_context_length": 64,
+                     "layer_types": ["sliding_attention", "full_attention"],
+                     "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 64},
+                     "router_aux_loss_coef": 0.9, "output_router_logits": False},
 }
 
 
 def write(name: str, fields: dict) -> Path:
     out = HERE / name
     out.mkdir(exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**COMMON, **fields}, indent=2) + "\n")
+    # A config that nests its text model (text_config) holds the common sizes there only.
+    config = fields if "text_config" in fields else {**COMMON, **fields}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for file in TOKENIZER_FILES:
         shutil.copyfile(TOKENIZER / file, out / file)
     return out

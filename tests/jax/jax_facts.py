@@ -2,7 +2,8 @@
 
 stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...],
         "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len], ...]}
-stdout (last line): {"paddings": [{tokens, reqs, attn_reqs}...], "flags": {...}, "attention_error": float}
+stdout (last line): {"paddings": [{tokens, reqs, attn_reqs}...], "flags": {...}, "attention_error": float,
+                     "attention_error_hd64": float, ...}
 """
 
 import json
@@ -45,19 +46,21 @@ def accepts(seqs: int, tokens: int, length: int) -> bool:
 scheduler = [accepts(*case) for case in request.get("scheduler", [])]
 
 
-def attention_error() -> float:
-    """The CPU twin's jitted attention against tpu-inference's reference (a Python loop, eager)."""
+def attention_error(hd64: bool = False) -> float:
+    """The CPU twin's jitted attention against tpu-inference's reference (a Python loop, eager): the RPA v3
+    kernel's, or (hd64) the head_dim-64 kernel's with attention sinks and its own cache layout."""
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from tpu_inference.kernels.ragged_paged_attention.v3.kernel import get_kv_cache_shape, ref_ragged_paged_attention
+    from tpu_inference.kernels.ragged_paged_attention.v3 import kernel, kernel_hd64
 
-    from aotc.runners.tpu_inference.twin_attention import ragged_paged_attention
+    from aotc.runners.tpu_inference import twin_attention
 
     rng = np.random.default_rng(0)
-    tokens, q_heads, kv_heads, dim, page, pages_per_seq, seqs, pages = 32, 4, 2, 16, 16, 4, 8, 40
+    tokens, q_heads, kv_heads, dim, page, pages_per_seq, seqs, pages = 32, 4, 2, 64 if hd64 else 16, 16, 4, 8, 40
+    cache_shape = (kernel_hd64 if hd64 else kernel).get_kv_cache_shape(pages, page, kv_heads, dim, jnp.bfloat16)
     q, k, v = (jnp.asarray(rng.standard_normal((tokens, h, dim)), jnp.bfloat16) for h in (q_heads, kv_heads, kv_heads))
-    cache = jnp.asarray(rng.standard_normal(get_kv_cache_shape(pages, page, kv_heads, dim, jnp.bfloat16)), jnp.bfloat16)
+    cache = jnp.asarray(rng.standard_normal(cache_shape), jnp.bfloat16)
     q_lens, kv_lens = [5, 1, 10], [20, 7, 10]  # a chunked prefill, a decode, a fresh prefill
     cu = np.zeros(seqs + 1, np.int32)
     cu[1:4] = np.cumsum(q_lens)
@@ -66,13 +69,19 @@ def attention_error() -> float:
     lens[:3] = kv_lens
     args = (q, k, v, cache, jnp.asarray(lens), jnp.asarray(rng.permutation(pages)[:seqs * pages_per_seq].astype(np.int32)),
             jnp.asarray(cu), jnp.asarray(np.array([0, 0, 3], np.int32)))
-    want_out, want_cache = ref_ragged_paged_attention(*args, sm_scale=0.25, sliding_window=8)
-    out, new_cache = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.25, sliding_window=8))(*args)
+    if hd64:
+        args += (jnp.asarray(rng.standard_normal(q_heads), jnp.float32),)  # the sinks
+        reference, twin = kernel_hd64.ref_ragged_paged_attention_hd64, twin_attention.ragged_paged_attention_hd64
+    else:
+        reference, twin = kernel.ref_ragged_paged_attention, twin_attention.ragged_paged_attention
+    want_out, want_cache = reference(*args, sm_scale=0.25, sliding_window=8)
+    out, new_cache = jax.jit(lambda *a: twin(*a, sm_scale=0.25, sliding_window=8))(*args)
     real = int(cu[3])
     return max(float(np.abs(np.asarray(want_out, np.float32) - np.asarray(out[:real], np.float32)).max()),
                float(np.abs(np.asarray(want_cache, np.float32) - np.asarray(new_cache, np.float32)).max()),
                float(np.abs(np.asarray(out[real:], np.float32)).max()))
 
 
-print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(), "scheduler": scheduler,
+print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(),
+                  "attention_error_hd64": attention_error(hd64=True), "scheduler": scheduler,
                   "quantizations": list(TpuPlatform.supported_quantization)}))

@@ -88,6 +88,10 @@ def test_cpu_twin_attention_matches_tpu_inference_reference(facts):
     assert facts["attention_error"] <= 2 ** -6
 
 
+def test_cpu_twin_head_dim_64_attention_with_sinks_matches_tpu_inference_reference(facts):
+    assert facts["attention_error_hd64"] <= 2 ** -6
+
+
 def test_demo_plan_follows_tpu_inferences_paddings_through_its_precompile_loops(jax_env):
     """The demo plan's buckets are tpu-inference's own (computed by its helpers under the JAX venv), and each
     family's count follows from them through the loops of its CompilationManager._precompile_* steps.

@@ -6,7 +6,8 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 
 * buckets       -- tpu-inference's paddings and precompile loops as a plan (no JAX; the core imports it)
 * twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_JAX_CPU_TWIN=1
-* twin, twin_attention -- the CPU twin's patches and its jittable ragged paged attention
+* twin, twin_attention, twin_moe -- the CPU twin's patches, its jittable ragged paged attention and MoE
+  grouped matmul
 * engine        -- entry -> environment + vllm.LLM arguments (every graph persisted)
 * probe, instrument -- JAX cache evidence per precompile call and per runtime step
 * watcher       -- the serving guard's JAX compile counter (aotc/guard.py)
@@ -34,5 +35,6 @@ SPEC = RunnerSpec(
     watcher="aotc.runners.tpu_inference.watcher:Watcher",
     validate="aotc.runners.tpu_inference.rules:validate",
     cache_loads=True,
-    twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention"),
+    twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
+                  "aotc.runners.tpu_inference.twin_moe"),
 )

@@ -95,10 +95,18 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
+# tpu_inference/layers/common/sharding.py MESH_AXIS_NAMES: the new-model mesh's axes, in order.
+NEW_MODEL_MESH_AXES = ("data", "attn_dp", "attn_dp_expert", "expert", "model", "dcp", "pcp")
+
+
 def mesh(entry: Entry) -> dict:
-    """TPUModelRunner._create_2d_mesh (NEW_MODEL_DESIGN unset): axes (data, model) = (dp 1, tp) over the first
-    dp * tp devices; sharding, and so every graph and its key, follows it."""
-    return {"axes": {"data": 1, "model": entry.tensor_parallel_size}, "devices": entry.tensor_parallel_size}
+    """TPUModelRunner._init_mesh over the first dp * tp devices; sharding, and so every graph and its key,
+    follows it. NEW_MODEL_DESIGN unset: _create_2d_mesh, axes (data, model) = (dp 1, tp). Set (models whose
+    shardings name the expert axis, e.g. Llama 4): _create_new_model_mesh, every axis 1 but model = tp."""
+    tp = entry.tensor_parallel_size
+    if entry.env.get("NEW_MODEL_DESIGN"):
+        return {"axes": {axis: tp if axis == "model" else 1 for axis in NEW_MODEL_MESH_AXES}, "devices": tp}
+    return {"axes": {"data": 1, "model": tp}, "devices": tp}
 
 
 def implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:

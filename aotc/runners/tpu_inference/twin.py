@@ -60,12 +60,26 @@ def install() -> None:
     compiler_options.get_step_fn_compiler_options = no_compiler_options
     compiler_options.get_sampling_compiler_options = no_compiler_options
 
-    from tpu_inference.layers.common import attention_interface
+    _patch_attention()
+    from . import twin_moe
 
-    from .twin_attention import ragged_paged_attention
-
-    attention_interface.ragged_paged_attention = ragged_paged_attention
+    twin_moe.install()
     _patch_imported_names()
+
+
+def _patch_attention() -> None:
+    """The RPA kernels, in the shared attention interface and in the JAX models' own attention layers
+    (Llama 4's, GPT-OSS's), which import them by name."""
+    from tpu_inference.layers.common import attention_interface
+    from tpu_inference.layers.jax.attention import attention as jax_attention
+    from tpu_inference.layers.jax.attention import gpt_oss_attention
+
+    from .twin_attention import ragged_paged_attention, ragged_paged_attention_hd64
+
+    for module in (attention_interface, jax_attention):
+        module.ragged_paged_attention = ragged_paged_attention
+    for module in (attention_interface, gpt_oss_attention):
+        module.ragged_paged_attention_hd64 = ragged_paged_attention_hd64
 
 
 def _patch_imported_names() -> None:

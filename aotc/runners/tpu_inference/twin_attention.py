@@ -5,6 +5,8 @@ jittable); Pallas interpret mode fails inside generation. This one is vectorized
 finds its sequence through `cu_q_lens`, its new K/V is scattered into its page, and it attends over its
 sequence's pages with a causal (and optional sliding-window) mask. Same signature, same KV-cache layout
 (`merge_kv`: K and V interleaved per head, packed, head_dim padded to 128), same outputs.
+The head_dim-64 variant (GPT-OSS) differs only in its cache layout (each head's K and V side by side in
+one 128-wide row) and its attention sinks (one extra logit per query head in the softmax).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from tpu_inference.kernels.ragged_paged_attention.v3 import kernel_hd64
 from tpu_inference.kernels.ragged_paged_attention.v3.kernel import merge_kv
 
 
@@ -42,16 +45,45 @@ def _unpack_kv(pages, num_kv_heads, head_dim):
     return kv[..., :head_dim], kv[..., padded_dim : padded_dim + head_dim]
 
 
-def ragged_paged_attention(
+def _unpack_kv_hd64(pages, num_kv_heads, head_dim):
+    """[..., page, slot, heads/packing, packing, 2 * head_dim] -> k, v of [..., len, kv_heads, head_dim]."""
+    lead = pages.shape[:-5]
+    kv = pages.reshape(*lead, -1, pages.shape[-3] * pages.shape[-2], pages.shape[-1])[..., :num_kv_heads, :]
+    return kv[..., :head_dim], kv[..., head_dim : 2 * head_dim]
+
+
+def _softmax_with_sinks(scores, sinks):
+    """Softmax over each row's keys plus its head's sink logit, which takes probability but adds no value."""
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=-1)
+    sink = jnp.broadcast_to(sinks.reshape(1, *scores.shape[1:3], 1).astype(scores.dtype), (*scores.shape[:3], 1))
+    return jax.nn.softmax(jnp.concatenate([sink, scores], axis=-1), axis=-1)[..., 1:]
+
+
+def ragged_paged_attention(*arrays: jax.Array, **options: Any):
+    """The RPA v3 kernel: _paged_attention's eight arrays and keywords, no sinks."""
+    return _paged_attention(*arrays, None, merge=merge_kv, unpack=_unpack_kv, **options)
+
+
+def ragged_paged_attention_hd64(*arrays: jax.Array, attention_sink: jax.Array | None = None, **options: Any):
+    """The head_dim-64 kernel: the same eight arrays, then (positional or not) its sinks, f32[q_heads]."""
+    sinks = arrays[8] if len(arrays) > 8 else attention_sink
+    return _paged_attention(*arrays[:8], sinks, merge=kernel_hd64.merge_kv, unpack=_unpack_kv_hd64, **options)
+
+
+def _paged_attention(
     queries: jax.Array,  # [T, q_heads, head_dim]
     keys: jax.Array,  # [T, kv_heads, head_dim]
     values: jax.Array,
-    kv_cache: jax.Array,  # [pages, page_size, kv_heads_x2 // packing, packing, padded_dim]
+    kv_cache: jax.Array,  # [pages, page_size, ...] in merge's layout, which unpack reads back
     kv_lens: jax.Array,  # i32[max_num_seqs]
     page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
     cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
     distribution: jax.Array,  # i32[3]; distribution[2] is the number of sequences
+    sinks: jax.Array | None,  # f32[q_heads]
     *,
+    merge: Any,
+    unpack: Any,
     use_causal_mask: bool = True,
     update_kv_cache: bool = True,
     sm_scale: float = 1.0,
@@ -73,11 +105,11 @@ def ragged_paged_attention(
 
     seq, pos, real = _token_positions(cu_q_lens, kv_lens, distribution[2], num_tokens)
     if update_kv_cache:
-        kv_cache = _write_kv(kv_cache, merge_kv(keys, values), page_table, seq, pos, real)
+        kv_cache = _write_kv(kv_cache, merge(keys, values), page_table, seq, pos, real)
 
     # Per sequence first ([seqs, kv_heads, len, dim], query heads grouped onto their KV head), then one
     # bf16 row gather per token: no per-token repeat or f32 copy of the KV (the twin's cost on CPU).
-    k, v = (jnp.swapaxes(x, 1, 2)[seq] for x in _unpack_kv(kv_cache[page_table], num_kv_heads, head_dim))
+    k, v = (jnp.swapaxes(x, 1, 2)[seq] for x in unpack(kv_cache[page_table], num_kv_heads, head_dim))
     q = queries.reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
     if q_scale is not None:
         q = (q / q_scale).astype(k.dtype)
@@ -95,7 +127,7 @@ def ragged_paged_attention(
         if sliding_window is not None:
             mask &= pos[:, None] < kv_pos + sliding_window
     scores = jnp.where(mask[:, None, None, :], scores, mask_value)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    probs = _softmax_with_sinks(scores, sinks).astype(v.dtype)
     out = jnp.einsum("tgqk,tgkd->tgqd", probs, v, preferred_element_type=jnp.float32)
     out = out.reshape(num_tokens, num_q_heads, head_dim)
     if v_scale is not None:

@@ -1,0 +1,88 @@
+"""MoE architectures end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml
+builds every planned graph (through twin_moe where the model takes tpu-inference's GMM backend), a fresh
+process replays it with zero misses, and the stock server compiles nothing after ready. One build per entry.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from aotc.graphs import GraphSpec
+from aotc.matrix import load_matrix
+from aotc.plan import plan_entry
+from tests.conftest import run_aotc
+
+from .conftest import REPO
+
+ZOO = REPO / "configs" / "zoo-jax.yaml"
+# Every entry of the zoo matrix is an MoE architecture (one of each path: torchax, JAX-native), by name.
+ENTRIES = {entry.model_name: entry for entry in load_matrix(ZOO).entries}
+
+
+def plan(model: str):
+    # Expected counts come from the plan (tests/jax/test_plan_jax.py ties it to tpu-inference's own loops).
+    return plan_entry(ENTRIES[model])
+
+
+@pytest.fixture(scope="module", params=sorted(ENTRIES))
+def built(request, jax_env, tmp_path_factory) -> tuple[str, Path, dict]:
+    model = request.param
+    entry = ENTRIES[model].name
+    out = tmp_path_factory.mktemp(f"zoo-{model}")
+    proc = run_aotc("build", ZOO, "--entry", entry, "--out", out, "--traffic", "16", "--no-reuse", "--json",
+                    env=jax_env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [report] = json.loads(proc.stdout)["entries"]
+    return model, out / entry, report
+
+
+@pytest.mark.slow
+def test_moe_entry_builds_every_planned_graph_and_only_those(built):
+    model, artifact, report = built
+    expected = plan(model)
+    assert report["ok"] and report["planned"] == report["graphs_with_keys"] == len(expected.graphs)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    precompiled = [g for g in manifest["graphs"] if g["family"] in expected.families()]
+    assert sorted(GraphSpec.from_dict(g).key for g in precompiled) == sorted(g.key for g in expected.graphs)
+    # the rest is the engine's start-up and the traffic sweep's steps, which the plan does not list
+    assert {g["family"] for g in manifest["graphs"]} - set(expected.families()) <= {"startup", "runtime"}
+    assert all(g["keys"] for g in manifest["graphs"]), "a planned graph left no cache file"
+
+
+@pytest.mark.slow
+def test_plan_names_the_mesh_the_stack_built(built):
+    """The plan's mesh (a fingerprint input) is the one tpu-inference's runner logged creating, axis by axis
+    in order: the 2-D mesh by default, the 7-axis one under NEW_MODEL_DESIGN (Llama 4)."""
+    model, artifact, _ = built
+    line = next(line for line in (artifact / "build.log").read_text().splitlines() if "Init mesh | mesh=" in line)
+    logged = [(axis, int(size)) for axis, size in re.findall(r"'(\w+)': (\d+)", line)]
+    assert list(plan(model).buckets["mesh"]["axes"].items()) == logged
+
+
+@pytest.mark.slow
+def test_moe_entry_verifies_with_zero_misses_and_real_loads(built, jax_env):
+    model, artifact, _ = built
+    proc = run_aotc("verify", artifact, "--traffic", "24", "--json", env=jax_env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    assert result["misses"] == 0 and result["loadable"] is True
+    planned = plan(model).families()
+    # every planned family was replayed by the fresh server and read back from the cache
+    assert all(result["families"][family]["loads"] >= count for family, count in planned.items()), result["families"]
+
+
+@pytest.mark.slow
+def test_moe_entry_canary_stock_server_compiles_nothing_after_ready(built, jax_env, tmp_path, announce):
+    from tests.helpers.canary import canary, publish_copy
+
+    model, artifact, _ = built
+    store, _ = publish_copy(artifact, tmp_path, jax_env)
+    code, doc, err = canary(ZOO, ENTRIES[model].name, store, jax_env, requests=100)
+    assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
+    assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
+    assert doc["requests"] >= 100 and doc["failed_requests"] == 0
+    announce(f"canary {model}: {doc['requests']} requests, {doc['compiles_after_ready']} compiles after ready")
