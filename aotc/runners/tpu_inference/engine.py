@@ -40,6 +40,7 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     }
     if entry.get("model_path"):
         env["HF_HUB_OFFLINE"] = "1"
+    env.update(data_parallel_env(entry))
     if entry["device"] == "cpu":
         env.update(twin_device_flags(entry, environ))
         env.update({
@@ -57,6 +58,17 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     else:
         raise ValueError(f"unknown device {entry['device']!r}")
     return env
+
+
+def data_parallel_env(entry: dict[str, Any]) -> dict[str, str]:
+    """`vllm serve --data-parallel-size N` would start one engine process per rank, each with a one-rank mesh
+    (tpu-inference's multi-process DP, on by default for the server only); the plan, the build and the pod run
+    tpu-inference's single-process SPMD data parallelism, whose graphs span all ranks."""
+    from aotc.matrix import Entry
+
+    from .buckets import data_parallel_size
+
+    return {"TPU_MULTIPROCESS_DP": "0"} if data_parallel_size(Entry.from_dict(entry)) > 1 else {}
 
 
 def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
@@ -140,9 +152,18 @@ def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
     started = time.perf_counter()
     from vllm import LLM
 
-    # Prompts are token ids here; the tokenizer changes no graph.
-    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=True, disable_log_stats=True)
+    # Prompts are token ids here; the tokenizer changes no graph. Structured outputs need it: an entry whose
+    # structured-decoding graphs only traffic reaches (buckets.beyond_warmup) loads it.
+    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=not needs_tokenizer(entry), disable_log_stats=True)
     return llm, time.perf_counter() - started
+
+
+def needs_tokenizer(entry: dict[str, Any]) -> bool:
+    from aotc.matrix import Entry
+
+    from .buckets import beyond_warmup
+
+    return any(g.family == "structured_decoding" for g in beyond_warmup(Entry.from_dict(entry)))
 
 
 def vocab_size(llm) -> int:
