@@ -156,10 +156,19 @@ def test_feature_plans_equal_what_tpu_inferences_capture_model_calls(captured):
         plan = [g.key for g in buckets.capture_plan(entry)]
         stack = {GraphSpec(family, tuple(shape.items())).key for family, shape in calls}
         assert len(plan) == len(set(plan)), case
-        assert set(plan) == stack, (case, sorted(set(plan) ^ stack)[:6])
+        assert set(plan) == stack - repeated_graphs(calls, theirs), (case, sorted(set(plan) ^ stack)[:6])
         ours = buckets.paddings(entry)
         assert (ours["tokens"], ours["reqs"], ours.get("logits")) == (theirs["tokens"], theirs["reqs"],
                                                                       theirs["logits"]), case
+
+
+def repeated_graphs(calls: list, theirs: dict) -> set[str]:
+    """Calls that compile nothing new: a select-target call at a logits bucket that is also a request bucket
+    selects (n, vocab) rows by n indices, which the select-bonus call at (n, n) just compiled (a build finds no
+    cache entry for it)."""
+    twins = {"select_target_tokens": lambda s: s["array_size"], "select_target_logits": lambda s: s["num_logits"]}
+    return {GraphSpec(family, tuple(shape.items())).key for family, shape in calls
+            if family in twins and twins[family](shape) in theirs["reqs"]}
 
 
 def test_feature_plans_follow_the_engines_order(captured):

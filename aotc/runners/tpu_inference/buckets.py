@@ -151,7 +151,7 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     graphs += [GraphSpec.of("select_from_array", array_size=t, index_size=r) for t, r in _pairs(tokens, logits)]
     if spec:
         graphs += [GraphSpec.of("select_bonus_tokens", array_size=n, index_size=r) for n, r in _pairs(logits, reqs)]
-        graphs += [GraphSpec.of("select_target_tokens", array_size=n, index_size=n) for n in logits]
+        graphs += [GraphSpec.of("select_target_tokens", array_size=n, index_size=n) for n in _not_bonus(logits, reqs)]
     graphs += [GraphSpec.of("compute_logits", num_reqs=r) for r in logits]
     if data_parallel_size(entry) == 1:  # _precompile_structured_decoding skips dp > 1 (see beyond_warmup)
         graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
@@ -163,6 +163,13 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
 def _pairs(outer: list[int], inner: list[int]) -> list[tuple[int, int]]:
     """CompilationManager._should_skip_padding_combination: an inner size never above the outer one."""
     return [(o, i) for o in outer for i in inner if i <= o]
+
+
+def _not_bonus(logits: list[int], reqs: list[int]) -> list[int]:
+    """Logits buckets whose select-target call compiles a graph of its own: where a request bucket equals the
+    logits bucket, the select-bonus call before it already compiled the same function on the same shapes
+    (select_from_array over (n, vocab) rows by n indices), and the target call finds it in JAX's memory."""
+    return [n for n in logits if n not in reqs]
 
 
 def check_speculative(entry: Entry, spec: dict) -> None:
@@ -203,9 +210,10 @@ def speculative_decoding_graphs(p: dict[str, list[int]], method: str) -> list[Gr
     graphs += [GraphSpec.of("extract_draft_token_ids", num_tokens=t, num_logits=n) for t, n in _pairs(tokens, logits)]
     graphs += [GraphSpec.of("process_and_extend_logits", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
     graphs += [GraphSpec.of("extend_logits_simple", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
+    targets = _not_bonus(logits, reqs)
     for n, r in every:
-        graphs += [GraphSpec.of("select_bonus_logits", num_logits=n, num_reqs=r),
-                   GraphSpec.of("select_target_logits", num_logits=n)]
+        graphs.append(GraphSpec.of("select_bonus_logits", num_logits=n, num_reqs=r))
+        graphs += [GraphSpec.of("select_target_logits", num_logits=n)] if n in targets else []
     if method in DRAFTER_METHODS:  # _precompile_eagle3_helpers: one of each per token bucket
         for t in tokens:
             graphs += [GraphSpec.of("drafter_propose", num_tokens=t), GraphSpec.of("drafter_prepare_inputs", num_tokens=t)]
