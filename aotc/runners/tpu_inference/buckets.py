@@ -153,7 +153,10 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
         graphs += [GraphSpec.of("select_bonus_tokens", array_size=n, index_size=r) for n, r in _pairs(logits, reqs)]
         graphs += [GraphSpec.of("select_target_tokens", array_size=n, index_size=n) for n in _not_bonus(logits, reqs)]
     graphs += [GraphSpec.of("compute_logits", num_reqs=r) for r in logits]
-    if data_parallel_size(entry) == 1:  # _precompile_structured_decoding skips dp > 1 (see beyond_warmup)
+    # _precompile_structured_decoding skips dp > 1, and no server reaches it there: tpu-inference's DP scheduler
+    # cannot hand a structured-output request to a rank (it pickles the request with its grammar: "cannot
+    # pickle '_thread.RLock' object"), so the request fails before any step runs.
+    if data_parallel_size(entry) == 1:
         graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
     if spec:
         graphs += speculative_decoding_graphs(p, spec["method"])
@@ -220,14 +223,6 @@ def speculative_decoding_graphs(p: dict[str, list[int]], method: str) -> list[Gr
     return graphs
 
 
-def beyond_warmup(entry: Entry) -> list[GraphSpec]:
-    """Graphs a server reaches that tpu-inference's warm-up skips: structured decoding with data parallelism
-    (its logits are the data-parallel batch; the build compiles them itself)."""
-    if data_parallel_size(entry) == 1:
-        return []
-    return [GraphSpec.of("structured_decoding", num_reqs=r) for r in paddings(entry)["reqs"]]
-
-
 # The CPU twin's virtual devices (one per tensor-parallel rank): XLA reads this flag when its CPU client starts.
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
@@ -255,6 +250,4 @@ def bucket_summary(entry: Entry) -> dict:
                "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len), "mesh": mesh(entry)}
     if "logits" in p:
         summary["logits_paddings"] = p["logits"]
-    if extra := beyond_warmup(entry):
-        summary["beyond_warmup"] = [g.to_dict() for g in extra]
     return summary

@@ -152,18 +152,9 @@ def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
     started = time.perf_counter()
     from vllm import LLM
 
-    # Prompts are token ids here; the tokenizer changes no graph. Structured outputs need it: an entry whose
-    # structured-decoding graphs only traffic reaches (buckets.beyond_warmup) loads it.
-    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=not needs_tokenizer(entry), disable_log_stats=True)
+    # Prompts are token ids here; the tokenizer changes no graph.
+    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=True, disable_log_stats=True)
     return llm, time.perf_counter() - started
-
-
-def needs_tokenizer(entry: dict[str, Any]) -> bool:
-    from aotc.matrix import Entry
-
-    from .buckets import beyond_warmup
-
-    return any(g.family == "structured_decoding" for g in beyond_warmup(Entry.from_dict(entry)))
 
 
 def vocab_size(llm) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,34 +48,10 @@ class Session:
         entry = Entry.from_dict(self.entry)
         if buckets.speculative_config(entry):
             batches = without_params(batches, SPECULATIVE_REJECTS)
-        sent = traffic.run_traffic(self.llm, batches)
-        if reach := structured_sizes(entry):
-            sent += run_structured(self.llm, random.Random(seed), reach, engine.vocab_size(self.llm))
-        return sent
+        return traffic.run_traffic(self.llm, batches)
 
     def records(self) -> list[dict[str, Any]]:
         return self.probe.snapshot()
-
-
-def structured_sizes(entry: Entry) -> list[int]:
-    """Batch sizes that reach each structured-decoding graph tpu-inference's warm-up skips (buckets.beyond_warmup):
-    one batch per request bucket, as many requests as the bucket holds and the engine runs at once."""
-    most = buckets.data_parallel_size(entry) * entry.max_num_seqs
-    return sorted({min(g.shape_dict["num_reqs"], most) for g in buckets.beyond_warmup(entry)
-                   if g.family == "structured_decoding"})
-
-
-def run_structured(llm, rng: random.Random, sizes: list[int], vocab: int) -> int:
-    """Structured-output requests (a grammar mask on every step's logits), one batch per size."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    params = SamplingParams(max_tokens=traffic.STEP_NEW_TOKENS, temperature=0.0,
-                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
-    for size in sizes:
-        prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(4)]} for _ in range(size)]
-        llm.generate(prompts, [params] * size, use_tqdm=False)
-    return sum(sizes)
 
 
 def without_params(batches: list[list[traffic.Request]], names: tuple[str, ...]) -> list[list[traffic.Request]]:
