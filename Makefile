@@ -21,15 +21,16 @@ ARTIFACTS ?= .aotc/artifacts
 DEMO ?= configs/demo.yaml configs/demo-jax.yaml
 PYTEST_ARGS ?=
 
-.PHONY: env env-jax build-cache test test-fast bench lock clean help
+.PHONY: env env-jax build-cache test test-fast bench lock images clean help
 
 help:
 	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE), then each canary's verdict"
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
 	@echo "make test-fast     the suite without the slow end-to-end tests"
-	@echo "make bench         benchmarks (store fetch, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
+	@echo "make bench         benchmarks (store fetch and publish, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
+	@echo "make images        docker build the two images configs/k8s names (make -n images prints the commands)"
 
 # The stack is ~10 GB: install it once per lock into $(VENV); later runs only re-link aotc itself.
 $(VENV)/.installed: $(LOCK)
@@ -85,6 +86,7 @@ test-fast: env
 
 bench: env env-jax
 	$(BIN)/python bench/bench_fetch.py
+	$(BIN)/python bench/bench_publish.py
 	$(BIN)/python bench/bench_build.py --jobs-scaling
 	$(BIN)/python bench/bench_startup.py
 
@@ -92,6 +94,22 @@ lock:
 	$(UV) pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_31 --generate-hashes -q -o requirements/core.lock
 	$(UV) pip compile pyproject.toml --extra full --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_31 --generate-hashes -q -o $(LOCK)
 	$(UV) pip compile pyproject.toml --extra jax --python-version 3.12 --python-platform x86_64-manylinux_2_31 --generate-hashes -q -o $(JAX_LOCK)
+
+# The images configs/k8s/*.yaml run (docker/Dockerfile): each stack's lock, the Python it was resolved for,
+# tagged <registry>/<image>:<its vLLM package><version>-aotc<version>, the versions read from the lock and
+# pyproject.toml. tests/test_images.py checks the manifests name exactly these and the locks are `make env`'s.
+REGISTRY ?= us-docker.pkg.dev/PROJECT/serving
+DOCKER ?= docker
+AOTC_VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+pinned = $(shell sed -n 's/^$(1)==\([^ ]*\).*/\1/p' $(2))
+IMAGE = $(REGISTRY)/vllm-tpu-aotc:vllm$(call pinned,vllm,$(LOCK))-aotc$(AOTC_VERSION)
+JAX_IMAGE = $(REGISTRY)/vllm-tpu-jax-aotc:vllm-tpu$(call pinned,vllm-tpu,$(JAX_LOCK))-aotc$(AOTC_VERSION)
+lock_python = $(shell sed -n 's/.*--python-version \([0-9.]*\).*/\1/p' $(1))
+docker_build = $(DOCKER) build -f docker/Dockerfile --build-arg PYTHON=$(call lock_python,$(1)) \
+	--build-arg LOCK=$(1) --build-arg UV_VERSION=$(UV_VERSION) -t $(2) .
+images:
+	$(call docker_build,$(LOCK),$(IMAGE))
+	$(call docker_build,$(JAX_LOCK),$(JAX_IMAGE))
 
 clean:
 	rm -rf .aotc .pytest_cache

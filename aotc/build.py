@@ -218,7 +218,8 @@ def plan_coverage(plan: BuildPlan, result: BuildResult) -> tuple[list[GraphRecor
     for spec in plan.graphs:
         matched = calls.get(spec.key, [])
         keys = tuple(sorted({k for call in matched for k in call.keys}))
-        graphs.append(GraphRecord(spec.family, spec.shape_dict, keys, sum(c.compile_seconds for c in matched)))
+        graphs.append(GraphRecord(spec.family, spec.shape_dict, keys, sum(c.compile_seconds for c in matched),
+                                  spec.beyond_warmup))
         if not matched:
             problems.append(f"planned graph was never compiled by the runner: {spec.family}[{spec.label}]")
         elif not keys:

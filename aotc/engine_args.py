@@ -49,6 +49,21 @@ def graph_args(engine: dict[str, Any]) -> dict[str, Any]:
     return {k: engine[k] for k in sorted(engine) if k not in POD_ONLY_ARGS}
 
 
+def with_hf_overrides(config: dict[str, Any] | None, engine: dict[str, Any]) -> dict[str, Any] | None:
+    """A model's config.json as vLLM sees it: ``hf_overrides`` (a mapping) replaces its fields, mappings
+    merged key by key (vLLM's ``ModelConfig`` applies them before any rule reads the config)."""
+    overrides = engine.get("hf_overrides")
+    if config is None or not isinstance(overrides, dict):
+        return config
+    merged = dict(config)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
 def cli_flags(args: dict[str, Any]) -> list[str]:
     """vLLM's argparse spelling: ``max_model_len=128`` -> ``--max-model-len 128``; booleans as
     ``--x`` / ``--no-x``; mappings and lists as JSON."""

@@ -20,12 +20,32 @@ OLD_SUFFIX = ".old"
 
 def sha256_file(path: str, block: int = 4 << 20) -> tuple[str, int]:
     """(hex sha256, size) of a file, read in blocks."""
-    digest, size = hashlib.sha256(), 0
+    digest = hashlib.sha256()
+    size = hash_file(path, digest, block=block)
+    return digest.hexdigest(), size
+
+
+def sha256_crc32c_file(path: str) -> tuple[str, int, str]:
+    """(hex sha256, size, crc32c) in one read; crc32c spelled as GCS reports it (base64 of 4 big-endian
+    bytes), so a store's report can be compared with the very bytes whose sha256 was checked."""
+    import base64
+
+    import google_crc32c  # gcsfs' own dependency (google-cloud-storage)
+
+    digest, crc = hashlib.sha256(), google_crc32c.Checksum()
+    size = hash_file(path, digest, crc)
+    return digest.hexdigest(), size, base64.b64encode(crc.digest()).decode()
+
+
+def hash_file(path: str, *hashers: object, block: int = 4 << 20) -> int:
+    """Feed the file to every hasher (anything with ``update``) in one read; its size."""
+    size = 0
     with open(path, "rb") as f:
         while chunk := f.read(block):
-            digest.update(chunk)
+            for hasher in hashers:
+                hasher.update(chunk)  # type: ignore[attr-defined]
             size += len(chunk)
-    return digest.hexdigest(), size
+    return size
 
 
 def human_size(n: int) -> str:

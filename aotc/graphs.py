@@ -19,14 +19,16 @@ if TYPE_CHECKING:
 class GraphSpec:
     family: str
     shape: tuple[tuple[str, Any], ...]
+    beyond_warmup: bool = False
+    """A graph a stock server reaches that the stack's own warm-up skips: aotc compiles it itself."""
 
     @classmethod
-    def of(cls, family: str, **shape: Any) -> GraphSpec:
-        return cls(family, tuple(shape.items()))
+    def of(cls, family: str, beyond_warmup: bool = False, **shape: Any) -> GraphSpec:
+        return cls(family, tuple(shape.items()), beyond_warmup)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GraphSpec:
-        return cls(data["family"], tuple(data["shape"].items()))
+        return cls(data["family"], tuple(data["shape"].items()), bool(data.get("beyond_warmup", False)))
 
     @property
     def shape_dict(self) -> dict[str, Any]:
@@ -42,7 +44,7 @@ class GraphSpec:
         return json.dumps([self.family, self.shape_dict], sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, "shape": self.shape_dict}
+        return {"family": self.family, "shape": self.shape_dict, **({"beyond_warmup": True} if self.beyond_warmup else {})}
 
 
 @dataclass(frozen=True)
@@ -57,4 +59,5 @@ class BuildPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"entry": self.entry.name, "runner": self.entry.runner, "device": self.entry.device,
                 "buckets": self.buckets, "families": dict(self.families()),
-                "total": len(self.graphs), "graphs": [g.to_dict() for g in self.graphs]}
+                "total": len(self.graphs), "beyond_warmup": sum(g.beyond_warmup for g in self.graphs),
+                "graphs": [g.to_dict() for g in self.graphs]}

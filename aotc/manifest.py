@@ -42,16 +42,19 @@ class GraphRecord:
     shape: dict[str, Any]
     keys: tuple[str, ...] = ()
     compile_seconds: float = 0.0
+    beyond_warmup: bool = False  # the stack's warm-up skips it; aotc compiled it (GraphSpec.beyond_warmup)
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "shape": dict(self.shape), "keys": list(self.keys),
-                "compile_seconds": round(self.compile_seconds, 4)}
+                "compile_seconds": round(self.compile_seconds, 4),
+                **({"beyond_warmup": True} if self.beyond_warmup else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GraphRecord:
         return cls(family=data["family"], shape=dict(data.get("shape", {})),
                    keys=tuple(data.get("keys", ())),
-                   compile_seconds=float(data.get("compile_seconds", 0.0)))
+                   compile_seconds=float(data.get("compile_seconds", 0.0)),
+                   beyond_warmup=bool(data.get("beyond_warmup", False)))
 
 
 @dataclass(frozen=True)

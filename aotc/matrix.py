@@ -18,7 +18,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator,
                       model_validator)
 
-from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts
+from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
 from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner
 
@@ -352,7 +352,7 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
                           max_model_len=len_, max_num_seqs=seqs, max_num_batched_tokens=tok,
                           tensor_parallel_size=tp, model_path=str(model_path) if model_path else None,
                           **{**settings, "engine": {**settings["engine"], **chosen}})
-            _check_entry(entry, hf_config, file, where)
+            _check_entry(entry, with_hf_overrides(hf_config, entry.engine), file, where)
             entries.append((entry, where, frozenset(swept)))
     if check_stack:
         _check_engine_args(entries, file)

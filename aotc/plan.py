@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from aotc.engine_args import with_hf_overrides
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.matrix import Entry
 from aotc.runners.spec import load_runner
@@ -26,5 +27,6 @@ def plan_entries(entries: list[Entry]) -> list[BuildPlan]:
 
 
 def hf_config(entry: Entry) -> dict | None:
+    """The entry's local config.json as vLLM sees it (with the entry's ``hf_overrides``)."""
     path = entry.model_config_path
-    return json.loads(path.read_text()) if path and path.is_file() else None
+    return with_hf_overrides(json.loads(path.read_text()), entry.engine) if path and path.is_file() else None

@@ -5,15 +5,19 @@ with a create-only write (the commit point), then the ref. A crash before the ma
 unreferenced blobs, which gc collects; a crash after it leaves a complete artifact, and a re-run repairs
 the ref. The whole call holds a publish lease so a concurrent gc keeps the blobs it is about to use.
 
-A re-publish trusts nothing it finds: an object of the right size is checked against the local file
-(the backend's md5 when its listing has one, else the stored bytes re-hashed) and re-uploaded when it
-differs. The ref names the newest manifest of the entry: after writing it, a publisher lists the entry's
+Nothing is taken on trust, neither what the store already holds nor what an upload stored: each object is
+compared with the local bytes whose sha256 was checked (their size, then the crc32c the backend reports —
+GCS lists one for every object, so nothing is downloaded — else the stored bytes read back and re-hashed).
+An object found different is uploaded again; an upload the store reports different bytes for is sent
+again, up to ``UPLOAD_ATTEMPTS`` times, then the artifact fails with an IntegrityError and its manifest
+is never written. The ref names the newest manifest of the entry: after writing it, a publisher lists the entry's
 manifests again and rewrites it until the newest it sees is the one it names, so the last writer always
 wrote the newest (every manifest is committed before its publisher touches the ref).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -21,12 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import CheckFailed, IntegrityError
-from aotc.files import parse_time, sha256_file
+from aotc.files import parse_time, sha256_crc32c_file
 from aotc.manifest import CACHE_DIR_NAME, Manifest
 from aotc.store import Meter, ObjectInfo, Store, check_name, run_parallel, stored_manifest_bytes
 
 PUBLISHED, ALREADY, OTHER_WON = "published", "already", "other_won"
 DEFAULT_WORKERS = 16
+UPLOAD_ATTEMPTS = 3  # per object: uploads the store may report different bytes for, before giving up
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,8 @@ class PublishResult:
     uploaded_size: int
     reused_objects: int
     seconds: float
-    repaired_objects: int = 0  # stored with the right size but the wrong bytes, uploaded again
+    repaired_objects: int = 0  # found in the store with other bytes than the local file's, uploaded again
+    retried_uploads: int = 0  # uploads the store reported different bytes for, sent again
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -58,6 +66,7 @@ class LocalArtifact:
     manifest: Manifest
     data: bytes  # the stored form (canonical JSON + its digest): identical artifacts give identical bytes
     sources: dict[str, str]  # sha256 -> a local file with that content
+    crc32c: dict[str, str]  # sha256 -> the crc32c of the bytes that hashed to it (GCS's spelling)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -74,18 +83,19 @@ def load_artifact(artifact_dir: str, workers: int = 4) -> LocalArtifact:
     check_name(manifest.fingerprint, "fingerprint")
     cache = Path(artifact_dir) / CACHE_DIR_NAME
 
-    def check(record: Any) -> tuple[str, str]:
+    def check(record: Any) -> tuple[str, str, str]:
         local = cache / record.path
         if local.is_symlink() or not local.is_file():
             raise IntegrityError(f"{local}: listed in the manifest but not a regular file")
-        sha, size = sha256_file(str(local))
+        sha, size, crc32c = sha256_crc32c_file(str(local))
         if size != record.size or sha != record.sha256:
             raise IntegrityError(f"{local}: sha256 {sha[:16]}… size {size} does not match the manifest "
                                  f"({record.sha256[:16]}… size {record.size})")
-        return record.sha256, str(local)
+        return record.sha256, str(local), crc32c
 
-    sources = dict(run_parallel(check, manifest.files, workers))
-    return LocalArtifact(str(artifact_dir), manifest, stored_manifest_bytes(manifest), sources)
+    checked = run_parallel(check, manifest.files, workers)
+    return LocalArtifact(str(artifact_dir), manifest, stored_manifest_bytes(manifest),
+                         {sha: path for sha, path, _ in checked}, {sha: crc for sha, _, crc in checked})
 
 
 def publish_artifacts(artifact_dirs: list[str], url: str, callback: Any = None,
@@ -112,13 +122,14 @@ def _publish_one(store: Store, art: LocalArtifact, present: dict[str, ObjectInfo
     existing = _read_or_none(store, path)
     if existing is not None and not _same_manifest(existing, art):
         meter.add(art.manifest.total_size)
-        return _result(store, art, OTHER_WON, path, [], started)
+        return _result(store, art, OTHER_WON, path, None, started)
     # Also when the manifest is already there: re-uploading what a damaged store lost is the repair.
-    uploaded, repaired = _upload_missing(store, art, present, meter, workers)
+    # An object that cannot be stored intact raises here, before the manifest: nothing is committed.
+    upload = _upload_missing(store, art, present, meter, workers)
     status = ALREADY if existing is not None else _commit(store, path, art)
     if status != OTHER_WON:
         _update_ref(store, art.manifest)
-    return _result(store, art, status, path, uploaded, started, repaired)
+    return _result(store, art, status, path, upload, started)
 
 
 def _same_manifest(stored: bytes, art: LocalArtifact) -> bool:
@@ -131,44 +142,61 @@ def _same_manifest(stored: bytes, art: LocalArtifact) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class _Upload:
+    uploaded: list[str]
+    repaired: int = 0
+    retried: int = 0
+
+
 def _upload_missing(store: Store, art: LocalArtifact, present: dict[str, ObjectInfo], meter: Meter,
-                    workers: int) -> tuple[list[str], int]:
+                    workers: int) -> _Upload:
     sizes = art.sizes
-    missing = [sha for sha in art.sources if sha not in present or present[sha].size != sizes[sha]]
-    suspect = [sha for sha in art.sources if sha not in missing and not present[sha].verified]
-    damaged = [sha for sha, intact in zip(suspect, run_parallel(
-        lambda sha: _stored_intact(store, present[sha], art.sources[sha]), suspect, workers)) if not intact]
+    missing = [sha for sha in art.sources if sha not in present]
+    suspect = [sha for sha in art.sources if sha in present and not present[sha].verified]
+    damaged = [sha for sha, why in zip(suspect, run_parallel(
+        lambda sha: _stored_mismatch(store, present[sha], art), suspect, workers)) if why]
     missing += damaged
     meter.add(sum(sizes[s] for s in art.sources if s not in missing))
 
-    def upload(sha: str) -> str:
-        store.put_object(art.sources[sha], sha)
+    def upload(sha: str) -> int:
+        retries = _upload_intact(store, art, sha)
         meter.add(sizes[sha])
-        return sha
+        return retries
 
     # biggest first, so one large blob does not start last and set the wall time alone
-    done = run_parallel(upload, sorted(missing, key=lambda s: -sizes[s]), workers)
-    present.update({sha: ObjectInfo(sha, sizes[sha], verified=True) for sha in [*done, *suspect]})
-    return done, len(damaged)
+    order = sorted(missing, key=lambda s: -sizes[s])
+    retries = run_parallel(upload, order, workers)
+    present.update({sha: ObjectInfo(sha, sizes[sha], verified=True) for sha in art.sources})
+    return _Upload(order, len(damaged), sum(retries))
 
 
-def _stored_intact(store: Store, stored: ObjectInfo, local: str) -> bool:
-    """Does the stored object hold the local file's bytes? The listing's md5 (GCS) costs one local
-    hash; without one, the stored bytes are read back and hashed."""
-    import base64
-    import hashlib
+def _upload_intact(store: Store, art: LocalArtifact, sha: str) -> int:
+    """Upload until the store reports the checked local bytes; how many uploads were sent again."""
+    url, why = store.url_of(store.object_path(sha)), ""
+    for attempt in range(1, UPLOAD_ATTEMPTS + 1):
+        store.put_object(art.sources[sha], sha)
+        stored = store.stored_object(sha)
+        why = _stored_mismatch(store, stored, art) if stored else "no object"
+        if why is None:
+            return attempt - 1
+        if attempt < UPLOAD_ATTEMPTS:
+            logger.warning("publish: %s: the store holds %s after upload %d of %d; uploading it again",
+                           url, why, attempt, UPLOAD_ATTEMPTS)
+    raise IntegrityError(f"{url}: the store holds {why} after {UPLOAD_ATTEMPTS} uploads of "
+                         f"{art.sources[sha]}; {art.manifest.entry} not published (no manifest written)")
 
-    if stored.md5:
-        digest = hashlib.md5()
-        with open(local, "rb") as f:
-            while chunk := f.read(4 << 20):
-                digest.update(chunk)
-        return base64.b64encode(digest.digest()).decode() == stored.md5
-    digest = hashlib.sha256()
-    path = store.object_path(stored.sha256)
-    for offset in range(0, stored.size, 16 << 20):
-        digest.update(store.read(path, offset, min(stored.size, offset + (16 << 20))))
-    return digest.hexdigest() == stored.sha256
+
+def _stored_mismatch(store: Store, stored: ObjectInfo, art: LocalArtifact) -> str | None:
+    """How the stored object differs from the checked local bytes, or None when it holds them: the size,
+    then the backend's crc32c (GCS: no download), else the stored bytes read back and re-hashed."""
+    sha = stored.sha256
+    if stored.size != art.sizes[sha]:
+        return f"{stored.size} bytes, not {art.sizes[sha]}"
+    if stored.crc32c:
+        return None if stored.crc32c == art.crc32c[sha] else f"crc32c {stored.crc32c}, not {art.crc32c[sha]}"
+    digest = store.object_sha256(sha, stored.size)
+    return None if digest == sha else f"sha256 {digest}, not {sha}"
 
 
 def _commit(store: Store, path: str, art: LocalArtifact) -> str:
@@ -204,12 +232,13 @@ def _newest_manifest(store: Store, entry: str) -> Manifest | None:
     return max((m for _, m, _ in found), key=lambda m: (parse_time(m.created), m.fingerprint))
 
 
-def _result(store: Store, art: LocalArtifact, status: str, path: str, uploaded: list[str],
-            started: float, repaired: int = 0) -> PublishResult:
-    sizes = art.sizes
+def _result(store: Store, art: LocalArtifact, status: str, path: str, upload: _Upload | None,
+            started: float) -> PublishResult:
+    sizes, upload = art.sizes, upload or _Upload([])
     return PublishResult(
         artifact_dir=art.path, entry=art.manifest.entry, fingerprint=art.manifest.fingerprint,
         status=status, manifest_url=store.url_of(path), files=len(art.manifest.files),
-        size=art.manifest.total_size, uploaded_objects=len(uploaded),
-        uploaded_size=sum(sizes[s] for s in uploaded), reused_objects=len(art.sources) - len(uploaded),
-        seconds=time.monotonic() - started, repaired_objects=repaired)
+        size=art.manifest.total_size, uploaded_objects=len(upload.uploaded),
+        uploaded_size=sum(sizes[s] for s in upload.uploaded),
+        reused_objects=len(art.sources) - len(upload.uploaded), seconds=time.monotonic() - started,
+        repaired_objects=upload.repaired, retried_uploads=upload.retried)

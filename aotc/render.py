@@ -33,6 +33,9 @@ def render_plans(plans: list[BuildPlan], console) -> None:
             by_family.setdefault(g.family, []).append(g)
         for family, specs in by_family.items():
             table.add_row(family, str(len(specs)), _shape_summary(specs))
+            if beyond := [g for g in specs if g.beyond_warmup]:
+                # the stack's own warm-up skips these; a server reaches them: aotc compiles them itself
+                table.add_row("", f"({len(beyond)})", f"beyond the stack's warm-up: {_shape_summary(beyond)}")
         table.add_section()
         table.add_row("total", str(len(plan.graphs)), "; ".join(f"{k}={v}" for k, v in plan.buckets.items()))
         console.print(table)
@@ -209,14 +212,14 @@ def render_publish(results: list[Any], url: str, console: Any) -> None:
     from aotc.publish import ALREADY, OTHER_WON, PUBLISHED
 
     table = Table(title=f"published to {url}", title_justify="left")
-    for column in ("entry", "fingerprint", "status", "uploaded", "repaired", "reused", "size", "seconds"):
+    for column in ("entry", "fingerprint", "status", "uploaded", "repaired", "retried", "reused", "size", "seconds"):
         table.add_column(column)
     labels = {PUBLISHED: "[green]published[/green]", ALREADY: "already there",
               OTHER_WON: "[yellow]another publish won[/yellow]"}
     for r in results:
         table.add_row(r.entry, r.fingerprint[:16], labels.get(r.status, r.status),
                       f"{r.uploaded_objects} ({human_size(r.uploaded_size)})", str(r.repaired_objects),
-                      str(r.reused_objects), human_size(r.size), f"{r.seconds:.1f}")
+                      str(r.retried_uploads), str(r.reused_objects), human_size(r.size), f"{r.seconds:.1f}")
     console.print(table)
 
 

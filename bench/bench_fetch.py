@@ -73,6 +73,24 @@ def start_proxy(upstream: str, latency: float) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{line[1]}"
 
 
+class LoopbackGcs:
+    """The fake GCS server and, in its own process, the latency proxy in front of it."""
+
+    def __init__(self, latency: float):
+        self.server = FakeGcs().start()
+        try:
+            self.proxy, self.proxy_url = start_proxy(self.server.url, latency)
+        except BaseException:
+            self.server.stop()
+            raise
+        self.pids = [self.server._proc.pid, self.proxy.pid]  # whose CPU counts as the harness's
+
+    def stop(self) -> None:
+        self.proxy.terminate()
+        self.proxy.wait()
+        self.server.stop()
+
+
 @dataclass
 class Run:
     wall: float
@@ -202,9 +220,8 @@ def main() -> None:
     chunk = args.chunk_mb * MB
 
     scratch = Path(tempfile.mkdtemp(prefix="aotc-bench-", dir=args.tmp))
-    server = FakeGcs().start()
-    proxy, proxy_url = start_proxy(server.url, args.latency)
-    harness = [server._proc.pid, proxy.pid]
+    gcs = LoopbackGcs(args.latency)
+    server, proxy_url, harness = gcs.server, gcs.proxy_url, gcs.pids
     try:
         server.make_bucket("bench")
         url = "gs://bench/store"
@@ -279,9 +296,7 @@ def main() -> None:
               f"({cold_cached:.2f} s; goal <= 5%), {warm[0].downloaded_size} object bytes downloaded, "
               f"{warm[0].cached_objects}/{warm[0].objects} objects from the cache")
     finally:
-        proxy.terminate()
-        proxy.wait()
-        server.stop()
+        gcs.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -37,6 +37,8 @@ class _Strict(BaseModel):
 class PlannedGraph(_Strict):
     family: str
     shape: dict[str, Any]
+    beyond_warmup: bool = False
+    """The stack's warm-up skips it; the runner compiles it as the warm-up would (GraphSpec.beyond_warmup)."""
 
 
 class Request(_Strict):

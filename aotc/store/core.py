@@ -30,7 +30,7 @@ class ObjectInfo:
     sha256: str
     size: int
     mtime: float | None = None
-    md5: str | None = None  # the backend's own content hash (GCS md5Hash, base64), when it lists one
+    crc32c: str | None = None  # the backend's own checksum (GCS: base64, on every object), when it reports one
     verified: bool = False  # this process wrote or checked these bytes (publish skips re-checking them)
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,10 +119,25 @@ class Store:
         for path, info in found.items():
             sha = layout.split_object_key(self.relative(path, layout.OBJECTS) or "")
             if sha:
-                objects[sha] = ObjectInfo(sha, int(info.get("size") or 0), info_mtime(info), info.get("md5Hash"))
+                objects[sha] = object_info(sha, info)
             else:
                 strays[path] = info_mtime(info)
         return objects, strays
+
+    def stored_object(self, sha256: str) -> ObjectInfo | None:
+        """What the backend reports for one object now (one metadata request on GCS); None when absent."""
+        try:
+            return object_info(sha256, self.fs.info(self.object_path(sha256)))
+        except FileNotFoundError:
+            return None
+
+    def object_sha256(self, sha256: str, size: int, block: int = 16 << 20) -> str:
+        """The sha256 of the stored object's first ``size`` bytes, read back in ranges (for backends that
+        report no checksum of their own)."""
+        digest, path = hashlib.sha256(), self.object_path(sha256)
+        for offset in range(0, size, block):
+            digest.update(self.read(path, offset, min(size, offset + block)))
+        return digest.hexdigest()
 
     def read(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         return self._io.read(path, start, end)
@@ -298,6 +313,10 @@ def parse_store_manifest(path: str, data: bytes, entry: str, fingerprint: str) -
         raise IntegrityError(f"{path}: names entry {manifest.entry!r} fingerprint "
                              f"{manifest.fingerprint!r}, not the ones in its path")
     return manifest
+
+
+def object_info(sha256: str, info: dict[str, Any]) -> ObjectInfo:
+    return ObjectInfo(sha256, int(info.get("size") or 0), info_mtime(info), info.get("crc32c"))
 
 
 def info_mtime(info: dict[str, Any]) -> float | None:

@@ -1,7 +1,8 @@
 """A loopback HTTP proxy between gcsfs and fake-gcs-server that adds latency and injects faults.
 
 Faults (each rule hits ``times`` matching requests, every ``every``-th one, per distinct path when
-``per_path``):
+``per_path``; a request matches when ``match`` is in its path and query, and ``body``, when set, in its body):
+  pass           forward unchanged (``injected["pass"]`` counts the requests the rule matched)
   503            answer 503 without forwarding
   reset          drop the connection before forwarding
   drop_response  forward (the server acts on it), then drop the connection: a reply lost in transit
@@ -9,6 +10,8 @@ Faults (each rule hits ``times`` matching requests, every ``every``-th one, per 
   reset_mid      forward, send half the body, then drop the connection
   stall          hold the request without answering until the proxy stops (a hung store)
   flip           forward, then flip the lowest bit of the body byte right after the first ``arg``
+                 (the middle byte when ``arg`` is absent)
+  flip_request   the same on the request body, before forwarding: an upload the server stores corrupt
 
 In-process (tests): ``FaultProxy(upstream).start()`` runs it on a thread. As a process (the benchmark,
 so it does not share the client's GIL): ``python -m aotc.testing.faultproxy --upstream URL --latency 0.03``
@@ -39,6 +42,7 @@ class Rule:
     per_path: bool = False
     every: int = 1
     arg: str = ""
+    body: str = ""  # regex searched in the request body (e.g. an upload's object name)
 
 
 class FaultProxy:
@@ -61,9 +65,9 @@ class FaultProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def add(self, kind: str, match: str = "", method: str | None = None, times: int = 1,
-            per_path: bool = False, every: int = 1, arg: str = "") -> None:
+            per_path: bool = False, every: int = 1, arg: str = "", body: str = "") -> None:
         with self._lock:
-            self.rules.append(Rule(kind, match, method, times, per_path, every, arg))
+            self.rules.append(Rule(kind, match, method, times, per_path, every, arg, body))
 
     def clear(self) -> None:
         with self._lock:
@@ -72,11 +76,13 @@ class FaultProxy:
             self._seen.clear()
             self.injected.clear()
 
-    def _pick(self, method: str, path_qs: str) -> Rule | None:
+    def _pick(self, method: str, path_qs: str, body: bytes) -> Rule | None:
         with self._lock:
             self.requests += 1
             for i, rule in enumerate(self.rules):
                 if not re.search(rule.match, path_qs) or (rule.method and rule.method != method):
+                    continue
+                if rule.body and not re.search(rule.body.encode(), body):
                     continue
                 key = (i, path_qs.split("?")[0] if rule.per_path else "")
                 self._seen[key] += 1
@@ -95,9 +101,11 @@ class FaultProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         if self.latency:
             await asyncio.sleep(self.latency)
-        rule = self._pick(request.method, request.path_qs)
-        fault = rule.kind if rule else None
         body = await request.read()
+        rule = self._pick(request.method, request.path_qs, body)
+        fault = rule.kind if rule else None
+        if fault == "flip_request":
+            body = flip_bit(body, rule.arg.encode())
         if fault == "stall":
             await self._stop.wait()
             return self._drop(request)
@@ -117,11 +125,8 @@ class FaultProxy:
 
     @staticmethod
     async def _flipped(up, after: bytes) -> web.Response:
-        body = bytearray(await up.read())
-        at = body.find(after) + len(after) if after in body else len(body) // 2
-        body[at] ^= 1
         headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS}
-        return web.Response(status=up.status, body=bytes(body), headers=headers)
+        return web.Response(status=up.status, body=flip_bit(await up.read(), after), headers=headers)
 
     async def _relay(self, request: web.Request, up, fault: str | None) -> web.StreamResponse:
         headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS}
@@ -189,6 +194,15 @@ class FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def flip_bit(body: bytes, after: bytes) -> bytes:
+    """``body`` with the lowest bit of one byte flipped: the byte right after the first ``after``, or
+    the middle byte when ``after`` is empty or absent."""
+    flipped = bytearray(body)
+    at = flipped.find(after) + len(after) if after and after in flipped else len(flipped) // 2
+    flipped[at] ^= 1
+    return bytes(flipped)
 
 
 def main() -> None:

@@ -24,6 +24,10 @@ def listing(path: Path) -> set[str]:
     return set(os.listdir(path))
 
 
+def stored_bytes(store: Store) -> dict[str, bytes]:
+    return {sha: store.read(store.object_path(sha)) for sha in store.list_objects()[0]}
+
+
 class StoreContract:
     """Subclasses provide the ``url`` fixture."""
 
@@ -101,6 +105,29 @@ class StoreContract:
         assert not store.exists() or store.list_objects()[0] == {}
 
     # not found
+
+    def test_a_file_changed_after_its_check_is_never_published(self, url, artifacts):
+        """A file rewritten between publish's sha256 check and its upload (a builder still writing it): what
+        the store then holds (GCS: its crc32c; elsewhere the stored bytes re-hashed) is not the checked
+        bytes, so it is uploaded again, then refused; no manifest, no ref, the earlier objects untouched."""
+        from fsspec.callbacks import NoOpCallback
+
+        self.publish(url, artifacts(files=random_files(3, seed=8), entry="a--len1"))
+        store = Store.from_url(url)
+        before = stored_bytes(store)
+        art = artifacts(files=random_files(4, seed=9), entry="b--len1")
+        victim = next(p for p in (art / "cache").rglob("*") if p.is_file())
+
+        class RewriteAfterTheCheck(NoOpCallback):
+            def set_size(self, size):  # publish sizes its meter after checking every file, before uploading
+                data = bytearray(victim.read_bytes())
+                data[0] ^= 1
+                victim.write_bytes(bytes(data))
+
+        with pytest.raises(IntegrityError, match=f"after 3 uploads of {victim}"):
+            publish_artifacts([str(art)], url, callback=RewriteAfterTheCheck())
+        assert not store.find("manifests/b--len1") and store.read_ref("b--len1") is None
+        assert {sha: data for sha, data in stored_bytes(store).items() if sha in before} == before
 
     def test_fetch_unknown_fingerprint_is_not_found(self, url, artifacts, tmp_path):
         self.publish(url, artifacts())

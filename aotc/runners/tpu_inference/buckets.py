@@ -143,8 +143,10 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     graphs += [GraphSpec.of("gather_logprobs", num_reqs=r) for r in reqs]
     if spec:
         graphs += [GraphSpec.of("gather_logprobs_spec", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
-    graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t)
-               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS]
+    # above MAX_PRECOMPILE_PROMPT_TOKENS the stack's warm-up skips them; a server with prompt_logprobs reaches them,
+    # except with speculative decoding, where vLLM rejects prompt logprobs
+    graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t, beyond_warmup=t > MAX_PRECOMPILE_PROMPT_TOKENS)
+               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS or not spec]
     graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r) for t in tokens for r in p["attn_reqs"]]
     if async_scheduling(entry):  # compilation_manager.capture_model compiles these only then
         graphs += async_scheduling_graphs(entry, p, spec)

@@ -40,7 +40,7 @@ def run_build(request: Request) -> BuildResult:
         # tpu-inference's own parallel precompile (CompilationManager's pool); not a cache-key input
         os.environ["NUM_PRECOMPILE_WORKERS"] = str(request.precompile_workers)
     launch_env = dict(os.environ)
-    session = Session.start(request.entry, request.cache_dir)
+    session = Session.start(request.entry, request.cache_dir, [g.model_dump() for g in request.plan])
     capture = session.records()
     result = BuildResult(calls=precompile_calls(capture),
                          startup=records.graphs_outside_calls(capture, records.STARTUP),

@@ -10,7 +10,7 @@ from aotc.fingerprint import xla_flags
 from aotc.matrix import Entry
 from aotc.runners import traffic
 
-from . import buckets, engine, instrument, twin_plugin
+from . import beyond_warmup, buckets, engine, instrument, twin_plugin
 from .probe import Probe
 
 RUNNER = "tpu-inference"
@@ -26,7 +26,8 @@ class Session:
     entry: dict[str, Any]
 
     @classmethod
-    def start(cls, entry: dict[str, Any], cache_dir: str) -> Session:
+    def start(cls, entry: dict[str, Any], cache_dir: str, plan: list[dict[str, Any]] = ()) -> Session:
+        """``plan``: the request's graphs; those marked beyond_warmup are compiled after the stack's own."""
         probe = Probe()
 
         def hook() -> None:
@@ -34,6 +35,7 @@ class Session:
             twin_plugin.register()
             probe.install()
             instrument.install(probe)
+            beyond_warmup.install(plan)
 
         llm, seconds = engine.start_engine(entry, cache_dir, before_start=hook)
         instrument.PROGRESS.flush()

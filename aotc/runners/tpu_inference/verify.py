@@ -66,7 +66,7 @@ def run_verify(request: Request) -> VerifyResult:
     with tempfile.TemporaryDirectory(prefix="aotc-verify-") as scratch:
         cache = shutil.copytree(request.cache_dir, os.path.join(scratch, "cache"))
         before = cache_files(cache)
-        session = Session.start(request.entry, cache)
+        session = Session.start(request.entry, cache, [g.model_dump() for g in request.plan])
         sent = session.drive_traffic(request.seed, request.traffic)
         recs = session.records()
         new = cache_files(cache) - before
