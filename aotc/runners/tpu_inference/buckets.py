@@ -28,14 +28,6 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 # (TPUWorker.initialize_from_config), then capture_model.
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
-# With speculative decoding, in the engine's order (gather_logprobs_spec compiles with the logprobs, before the
-# KV cache exists; the drafter's graphs only for a draft-model method: eagle3).
-SPECULATIVE_FAMILIES = (
-    "sample", "gather_logprobs", "gather_logprobs_spec", "gather_prompt_logprobs", "backbone",
-    "substitute_placeholder_token", "subtract_num_rejected_tokens", "concat_last_sampled_tokens_and_draft_tokens",
-    "select_from_array", "select_bonus_tokens", "select_target_tokens", "compute_logits", "structured_decoding",
-    "rejection_sampler", "extract_last_sampled_tokens", "extract_draft_token_ids", "process_and_extend_logits",
-    "extend_logits_simple", "select_bonus_logits", "select_target_logits", "drafter_propose", "drafter_prepare_inputs")
 # Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
 # async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
 # dspark, dflash). Any other method (ngram) turns it off. tests/jax pins this to vLLM's own types.
