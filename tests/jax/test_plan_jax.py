@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from aotc.graphs import GraphSpec
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.spec import load_runner
@@ -116,3 +117,82 @@ def test_demo_plan_follows_tpu_inferences_paddings_through_its_precompile_loops(
         "structured_decoding": len(reqs),
     }
     assert len({(g.family, g.shape) for g in plan.graphs}) == len(plan.graphs)
+
+
+CAPTURE = Path(__file__).with_name("jax_capture.py")
+
+
+def feature_sweep() -> list[dict]:
+    """Speculative decoding (ngram, eagle3; 1..4 draft tokens), data parallelism 1/2/4, async scheduling as vLLM
+    resolves it and explicitly off, over budgets on and between buckets."""
+    rng = random.Random(9)
+    cases = [{"seqs": 8, "tokens": 64, "gap": 0, "dp": dp, "spec": spec, "async": None}
+             for dp in (1, 2) for spec in (None, {"method": "ngram", "num_speculative_tokens": 2})]
+    for _ in range(24):
+        spec = rng.choice([None, {"method": rng.choice(["ngram", "eagle3"]), "num_speculative_tokens": rng.randint(1, 4)}])
+        cases.append({"seqs": rng.randint(1, 64), "tokens": rng.choice([64, 100, 256, 512, 1500]),
+                      "gap": rng.choice([0, 0, 64]), "dp": rng.choice([1, 2, 4]), "spec": spec,
+                      "async": rng.choice([None, False])})
+    return cases
+
+
+def feature_entry(case: dict):
+    engine = {"data_parallel_size": case["dp"]}
+    if case["spec"]:
+        engine["speculative_config"] = case["spec"]
+    if case["async"] is not None:
+        engine["async_scheduling"] = case["async"]
+    base = entry_for(case["seqs"], case["tokens"], case["gap"], 2)
+    return type(base)(**{**base.to_dict(), "engine": engine})
+
+
+@pytest.fixture(scope="module")
+def captured(jax_env):
+    cases = [{**c, "async": buckets.async_scheduling(feature_entry(c))} for c in feature_sweep()]
+    return run_jax(jax_env, CAPTURE, {"cases": cases})
+
+
+def test_feature_plans_equal_what_tpu_inferences_capture_model_calls(captured):
+    """Speculative decoding, data parallelism and async scheduling: the plan lists exactly the `_run_compilation`
+    calls tpu-inference's own capture_model makes (its loops and skips, over buckets from its own
+    TPUModelRunner._init_inputs), by family and shape, each once, besides the graphs aotc compiles beyond the
+    warm-up; and its buckets are the runner's."""
+    for case, calls, theirs in zip(feature_sweep(), captured["calls"], captured["paddings"]):
+        entry = feature_entry(case)
+        plan = [g.key for g in buckets.capture_plan(entry) if not g.beyond_warmup]  # aotc compiles those itself
+        stack = {GraphSpec(family, tuple(shape.items())).key for family, shape in calls}
+        assert len(plan) == len(set(plan)), case
+        assert set(plan) == stack - repeated_graphs(calls, theirs), (case, sorted(set(plan) ^ stack)[:6])
+        ours = buckets.paddings(entry)
+        assert (ours["tokens"], ours["reqs"], ours.get("logits")) == (theirs["tokens"], theirs["reqs"],
+                                                                      theirs["logits"]), case
+
+
+def repeated_graphs(calls: list, theirs: dict) -> set[str]:
+    """Calls that compile nothing new: a select-target call at a logits bucket that is also a request bucket
+    selects (n, vocab) rows by n indices, which the select-bonus call at (n, n) just compiled (a build finds no
+    cache entry for it)."""
+    twins = {"select_target_tokens": lambda s: s["array_size"], "select_target_logits": lambda s: s["num_logits"]}
+    return {GraphSpec(family, tuple(shape.items())).key for family, shape in calls
+            if family in twins and twins[family](shape) in theirs["reqs"]}
+
+
+def test_feature_plans_follow_the_engines_order(captured):
+    """Families appear in the order the engine first compiles them (sampling and logprobs first: tpu-inference
+    compiles them before the KV cache exists)."""
+    before_kv_cache = ("sample", "gather_logprobs", "gather_logprobs_spec", "gather_prompt_logprobs")
+    for case, calls in zip(feature_sweep(), captured["calls"]):
+        first_seen = list(dict.fromkeys(family for family, _ in calls))
+        stack = [f for f in before_kv_cache if f in first_seen] + [f for f in first_seen if f not in before_kv_cache]
+        assert list(dict.fromkeys(g.family for g in buckets.capture_plan(feature_entry(case)))) == stack, case
+
+
+def test_async_scheduling_resolves_as_vllm_does(jax_env):
+    """Unset, vLLM keeps async scheduling on except for a speculative method it cannot run with (ngram): its own
+    method types, read under the JAX venv."""
+    theirs = run_jax(jax_env, CAPTURE.with_name("jax_async_methods.py"), {})
+    base = entry_for(8, 64, 0, 2)
+    for method in theirs["methods"]:
+        entry = type(base)(**{**base.to_dict(), "engine": {"speculative_config": {"method": method}}})
+        assert buckets.async_scheduling(entry) == (method in theirs["async_methods"]), method
+    assert "ngram" in theirs["methods"] and "eagle3" in theirs["async_methods"]

@@ -4,11 +4,15 @@ Re-implemented, not imported, so that `aotc plan` runs on the core's Python with
 tests/jax/test_plan_jax.py proves them equal to tpu-inference's own helpers under the JAX venv.
 Families are `CompilationManager._precompile_*` steps, named after the jitted function they compile;
 a shape is the scalar signature the manager logs for each `_run_compilation` ("Precompile X --> {...}").
-Covered: a text-only model, one data-parallel rank, no speculative decoding, prefill context
-parallelism, disaggregation or continue-decode — the engine arguments the matrix can express.
+Covered: a text-only model; speculative decoding (ngram, eagle3: the spec-decode variants and
+`_precompile_speculative_decoding`); data parallelism as tpu-inference runs it in one SPMD process
+(`total_dp_size`: every request and token bucket scales with it); async scheduling on or off. Not
+covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
 """
 
 from __future__ import annotations
+
+import json
 
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
@@ -24,6 +28,14 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 # (TPUWorker.initialize_from_config), then capture_model.
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
+# Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
+# async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
+# dspark, dflash). Any other method (ngram) turns it off. tests/jax pins this to vLLM's own types.
+ASYNC_SPECULATIVE_METHODS = frozenset({"eagle", "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu",
+                                       "draft_model", "dspark"})
+# Methods with a drafter whose jitted helpers the plan lists (CompilationManager._precompile_eagle3_helpers).
+DRAFTER_METHODS = frozenset({"eagle3"})
+PLANNED_SPECULATIVE_METHODS = frozenset({"ngram"}) | DRAFTER_METHODS
 
 
 def build_token_paddings(min_token_size: int, max_token_size: int, padding_gap: int) -> list[int]:
@@ -57,37 +69,151 @@ def paddings_for(entry: dict) -> dict[str, list[int]]:
     return paddings(Entry.from_dict(entry))
 
 
+def data_parallel_size(entry: Entry) -> int:
+    """ShardingConfigManager's total_dp_size for `--data-parallel-size` in one SPMD process."""
+    return int(entry.engine.get("data_parallel_size") or 1)
+
+
+def max_num_reqs(entry: Entry) -> int:
+    """TPUModelRunner.max_num_reqs: every data-parallel rank's max_num_seqs, at least MIN_NUM_SEQS."""
+    return max(data_parallel_size(entry) * entry.max_num_seqs, MIN_NUM_SEQS)
+
+
 def paddings(entry: Entry) -> dict[str, list[int]]:
+    """TPUModelRunner's buckets (its __init__); with data parallelism each counts all ranks' requests and tokens."""
     gap = int(entry.env.get("VLLM_TPU_BUCKET_PADDING_GAP", 0))
-    max_num_reqs = max(entry.max_num_seqs, MIN_NUM_SEQS)
-    return {
-        "tokens": build_token_paddings(max(MIN_TOKEN_BUCKET, next_power_of_2(kv_packing(entry))),
-                                       entry.max_num_batched_tokens, gap),
-        "reqs": req_paddings(MIN_NUM_SEQS, max_num_reqs),
-        "attn_reqs": attn_req_paddings(entry.max_num_seqs),
+    dp = data_parallel_size(entry)
+    padded = {
+        "tokens": build_token_paddings(max(MIN_TOKEN_BUCKET, next_power_of_2(dp * kv_packing(entry))),
+                                       entry.max_num_batched_tokens * dp, gap),
+        "reqs": req_paddings(max(MIN_NUM_SEQS, next_power_of_2(dp)), max_num_reqs(entry)),
+        "attn_reqs": [r * dp for r in attn_req_paddings(entry.max_num_seqs)],
     }
+    if spec := speculative_config(entry):
+        padded["logits"] = logits_paddings(max_num_reqs(entry), spec["num_speculative_tokens"])
+    return padded
+
+
+def logits_paddings(max_reqs: int, num_speculative_tokens: int) -> list[int]:
+    """TPUModelRunner.num_logits_paddings: each request's draft tokens and its bonus token."""
+    return token_paddings(MIN_NUM_SEQS, max_reqs * (num_speculative_tokens + 1), 0)
+
+
+def speculative_config(entry: Entry) -> dict | None:
+    """`--speculative-config` as a mapping (the matrix may give it as vllm serve's JSON string)."""
+    spec = entry.engine.get("speculative_config")
+    return (json.loads(spec) if isinstance(spec, str) else spec) or None
+
+
+def async_scheduling(entry: Entry) -> bool:
+    """SchedulerConfig.async_scheduling as VllmConfig resolves it: the engine's value, else on unless the
+    speculative method cannot run with it."""
+    explicit = entry.engine.get("async_scheduling")
+    if explicit is not None:
+        return bool(explicit)
+    spec = speculative_config(entry)
+    method = (spec or {}).get("method") or ""
+    return spec is None or method in ASYNC_SPECULATIVE_METHODS or method.endswith("_mtp")
 
 
 def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]:
     """Every `_run_compilation` call tpu-inference makes for this entry, in its order, each shape once."""
     if hf_config and any(k in hf_config for k in ("vision_config", "audio_config")):
         raise ValueError(f"{entry.name}: the tpu-inference runner does not plan multimodal models yet")
+    if str(entry.env.get("TPU_MULTIPROCESS_DP", "0")).lower() in ("1", "true"):
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers single-process data parallelism "
+                         "(TPU_MULTIPROCESS_DP=0, which serving sets), not TPU_MULTIPROCESS_DP=1")
     p = paddings(entry)
+    spec = speculative_config(entry)
+    if spec:
+        check_speculative(entry, spec)
     tokens, reqs = p["tokens"], p["reqs"]
+    # With speculative decoding the logits rows are every request's draft and bonus positions.
+    logits = p["logits"] if spec else reqs
     graphs = [GraphSpec.of("sample", num_reqs=r, do_sampling=s, logprobs=lp, allow_distributed_sampling=True)
               for r in reqs for s in (True, False) for lp in (True, False)]
     graphs += [GraphSpec.of("gather_logprobs", num_reqs=r) for r in reqs]
-    # above MAX_PRECOMPILE_PROMPT_TOKENS the stack's warm-up skips them; a server with prompt_logprobs reaches them
+    if spec:
+        graphs += [GraphSpec.of("gather_logprobs_spec", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
+    # above MAX_PRECOMPILE_PROMPT_TOKENS the stack's warm-up skips them; a server with prompt_logprobs reaches them,
+    # except with speculative decoding, where vLLM rejects prompt logprobs
     graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t, beyond_warmup=t > MAX_PRECOMPILE_PROMPT_TOKENS)
-               for t in tokens]
+               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS or not spec]
     graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r) for t in tokens for r in p["attn_reqs"]]
-    # Async scheduling (vLLM's default): next tokens the size of the input, or of a request bucket.
-    for n in sorted(set(tokens) | set(reqs)):
-        for size in dict.fromkeys([n, *reqs]):
-            graphs.append(GraphSpec.of("substitute_placeholder_token", num_tokens=n, next_tokens_size=size))
-    graphs += [GraphSpec.of("select_from_array", array_size=t, index_size=r) for t in tokens for r in reqs if r <= t]
-    graphs += [GraphSpec.of("compute_logits", num_reqs=r) for r in reqs]
-    graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
+    if async_scheduling(entry):  # compilation_manager.capture_model compiles these only then
+        graphs += async_scheduling_graphs(entry, p, spec)
+    graphs += [GraphSpec.of("select_from_array", array_size=t, index_size=r) for t, r in _pairs(tokens, logits)]
+    if spec:
+        graphs += [GraphSpec.of("select_bonus_tokens", array_size=n, index_size=r) for n, r in _pairs(logits, reqs)]
+        graphs += [GraphSpec.of("select_target_tokens", array_size=n, index_size=n) for n in _not_bonus(logits, reqs)]
+    graphs += [GraphSpec.of("compute_logits", num_reqs=r) for r in logits]
+    # _precompile_structured_decoding skips dp > 1, and no server reaches it there: tpu-inference's DP scheduler
+    # cannot hand a structured-output request to a rank (it pickles the request with its grammar: "cannot
+    # pickle '_thread.RLock' object"), so the request fails before any step runs.
+    if data_parallel_size(entry) == 1:
+        graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
+    if spec:
+        graphs += speculative_decoding_graphs(p, spec["method"])
+    return list(dict.fromkeys(graphs))  # a loop that repeats a shape (attention request buckets) compiles it once
+
+
+def _pairs(outer: list[int], inner: list[int]) -> list[tuple[int, int]]:
+    """CompilationManager._should_skip_padding_combination: an inner size never above the outer one."""
+    return [(o, i) for o in outer for i in inner if i <= o]
+
+
+def _not_bonus(logits: list[int], reqs: list[int]) -> list[int]:
+    """Logits buckets whose select-target call compiles a graph of its own: where a request bucket equals the
+    logits bucket, the select-bonus call before it already compiled the same function on the same shapes
+    (select_from_array over (n, vocab) rows by n indices), and the target call finds it in JAX's memory."""
+    return [n for n in logits if n not in reqs]
+
+
+def check_speculative(entry: Entry, spec: dict) -> None:
+    method = spec.get("method")
+    if method not in PLANNED_SPECULATIVE_METHODS:
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers speculative_config.method "
+                         f"{' or '.join(sorted(PLANNED_SPECULATIVE_METHODS))}, not {method!r}")
+    if not spec.get("num_speculative_tokens"):
+        raise ValueError(f"{entry.name}: speculative_config needs num_speculative_tokens (its graphs' shapes)")
+
+
+def async_scheduling_graphs(entry: Entry, p: dict[str, list[int]], spec: dict | None) -> list[GraphSpec]:
+    """_precompile_substitute_placeholder_token, then with speculative decoding
+    _precompile_subtract_num_rejected_tokens and _precompile_concat_last_sampled_tokens_and_draft_tokens."""
+    tokens, reqs = p["tokens"], p["reqs"]
+    sizes = sorted(set(tokens) | set(reqs))
+    if not spec:
+        # next tokens the size of the input, or of a request bucket
+        return [GraphSpec.of("substitute_placeholder_token", num_tokens=n, next_tokens_size=size)
+                for n in sizes for size in dict.fromkeys([n, *reqs])]
+    k = spec["num_speculative_tokens"]
+    next_size = max_num_reqs(entry) * (k + 1)  # every request's last sampled token and its drafts
+    graphs = [GraphSpec.of("substitute_placeholder_token", num_tokens=n, next_tokens_size=next_size)
+              for n in [*sizes, *p["logits"]]]
+    graphs += [GraphSpec.of("subtract_num_rejected_tokens", num_tokens=t) for t in tokens]
+    graphs.append(GraphSpec.of("concat_last_sampled_tokens_and_draft_tokens", max_num_reqs=max_num_reqs(entry),
+                               num_spec_tokens=k))
+    return graphs
+
+
+def speculative_decoding_graphs(p: dict[str, list[int]], method: str) -> list[GraphSpec]:
+    """CompilationManager._precompile_speculative_decoding, step by step."""
+    tokens, reqs, logits = p["tokens"], p["reqs"], p["logits"]
+    every = [(n, r) for n in logits for r in reqs]
+    graphs = [GraphSpec.of("rejection_sampler", num_logits=n, num_reqs=r, do_sampling=s)
+              for n, r in every for s in (False, True)]
+    graphs += [GraphSpec.of("extract_last_sampled_tokens", num_logits=n, num_reqs=r) for n, r in every]
+    graphs += [GraphSpec.of("extract_draft_token_ids", num_tokens=t, num_logits=n) for t, n in _pairs(tokens, logits)]
+    graphs += [GraphSpec.of("process_and_extend_logits", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
+    graphs += [GraphSpec.of("extend_logits_simple", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
+    targets = _not_bonus(logits, reqs)
+    for n, r in every:
+        graphs.append(GraphSpec.of("select_bonus_logits", num_logits=n, num_reqs=r))
+        graphs += [GraphSpec.of("select_target_logits", num_logits=n)] if n in targets else []
+    if method in DRAFTER_METHODS:  # _precompile_eagle3_helpers: one of each per token bucket
+        for t in tokens:
+            graphs += [GraphSpec.of("drafter_propose", num_tokens=t), GraphSpec.of("drafter_prepare_inputs", num_tokens=t)]
     return graphs
 
 
@@ -101,26 +227,34 @@ NEW_MODEL_MESH_AXES = ("data", "attn_dp", "attn_dp_expert", "expert", "model", "
 
 def mesh(entry: Entry) -> dict:
     """TPUModelRunner._init_mesh over the first dp * tp devices; sharding, and so every graph and its key,
-    follows it. NEW_MODEL_DESIGN unset: _create_2d_mesh, axes (data, model) = (dp 1, tp). Set (models whose
-    shardings name the expert axis, e.g. Llama 4): _create_new_model_mesh, every axis 1 but model = tp."""
-    tp = entry.tensor_parallel_size
+    follows it. NEW_MODEL_DESIGN unset: _create_2d_mesh, axes (data, model) = (dp, tp). Set (models whose
+    shardings name the expert axis, e.g. Llama 4): _create_new_model_mesh, every axis 1 but model = tp
+    (planned for dp 1 only)."""
+    dp, tp = data_parallel_size(entry), entry.tensor_parallel_size
     if entry.env.get("NEW_MODEL_DESIGN"):
+        if dp > 1:
+            raise ValueError(f"{entry.name}: data parallelism with NEW_MODEL_DESIGN is not planned yet")
         return {"axes": {axis: tp if axis == "model" else 1 for axis in NEW_MODEL_MESH_AXES}, "devices": tp}
-    return {"axes": {"data": 1, "model": tp}, "devices": tp}
+    return {"axes": {"data": dp, "model": tp}, "devices": dp * tp}
 
 
 def implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
-    """Launch flags the runner adds for this entry (in JAX's cache key): on the twin, tp > 1 needs as many
-    virtual CPU devices. tp 1 adds nothing, so its keys stay those of a plain JAX-on-CPU process."""
-    if entry.device == "cpu" and entry.tensor_parallel_size > 1:
-        return {"XLA_FLAGS": (f"{DEVICE_COUNT_FLAG}={entry.tensor_parallel_size}",)}
+    """Launch flags the runner adds for this entry (in JAX's cache key): on the twin, a mesh of more than one
+    device (tp or dp > 1) needs as many virtual CPU devices. One device adds nothing, so its keys stay those
+    of a plain JAX-on-CPU process."""
+    devices = mesh(entry)["devices"]
+    if entry.device == "cpu" and devices > 1:
+        return {"XLA_FLAGS": (f"{DEVICE_COUNT_FLAG}={devices}",)}
     return {}
 
 
 def bucket_summary(entry: Entry) -> dict:
     p = paddings(entry)
-    return {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
-            "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len), "mesh": mesh(entry)}
+    summary = {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
+               "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len), "mesh": mesh(entry)}
+    if "logits" in p:
+        summary["logits_paddings"] = p["logits"]
+    return summary
 
 
 def implied_env(entry: Entry) -> dict[str, str]:

@@ -41,6 +41,7 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     if entry.get("model_path"):
         env["HF_HUB_OFFLINE"] = "1"
     env.update(lora_env(entry))
+    env.update(data_parallel_env(entry))
     if entry["device"] == "cpu":
         env.update(twin_device_flags(entry, environ))
         env.update({
@@ -67,6 +68,17 @@ def lora_env(entry: dict[str, Any]) -> dict[str, str]:
     from .buckets import implied_env
 
     return implied_env(Entry.from_dict(entry))
+
+
+def data_parallel_env(entry: dict[str, Any]) -> dict[str, str]:
+    """`vllm serve --data-parallel-size N` would start one engine process per rank, each with a one-rank mesh
+    (tpu-inference's multi-process DP, on by default for the server only); the plan, the build and the pod run
+    tpu-inference's single-process SPMD data parallelism, whose graphs span all ranks."""
+    from aotc.matrix import Entry
+
+    from .buckets import data_parallel_size
+
+    return {"TPU_MULTIPROCESS_DP": "0"} if data_parallel_size(Entry.from_dict(entry)) > 1 else {}
 
 
 def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:

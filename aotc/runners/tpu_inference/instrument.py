@@ -27,12 +27,24 @@ FAMILY_OF_NAME = {
     "_substitute_placeholder_token_fn": "substitute_placeholder_token",
     "compute_logits": "compute_logits",
     "structured_decode": "structured_decoding",
+    "_subtract_num_rejected_tokens_fn": "subtract_num_rejected_tokens",
+    "greedy_rejection_sampler": "rejection_sampler",  # do_sampling is in the shape
+    "random_rejection_sampler": "rejection_sampler",
+    "_process_and_extend_logits": "process_and_extend_logits",
+    "_extend_logits_simple": "extend_logits_simple",
+}
+# select_from_array's spec-decode variants index vocabulary-wide logits, not hidden states: families of their own
+SELECT_FAMILY_OF_LABEL = {
+    "select bonus tokens for spec decoding": "select_bonus_tokens",
+    "select target tokens for spec decoding": "select_target_tokens",
 }
 _RUN_COMPILATION_OPTIONS = {"call_kwargs", "warmup_handler", "aot", "compile_only"}
 
 
 def family_of(name: str) -> str:
     name = re.sub(r"^worker\d+ ", "", name)
+    if selected := re.match(r"select_from_array \[(?:worker\d+ )?(.*)\]$", name):
+        return SELECT_FAMILY_OF_LABEL.get(selected.group(1), "select_from_array")
     if name.startswith("select_from_array"):
         return "select_from_array"
     return FAMILY_OF_NAME.get(name, name.replace(" ", "_"))

@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from aotc.fingerprint import xla_flags
+from aotc.matrix import Entry
 from aotc.runners import traffic
 
 from . import beyond_warmup, buckets, engine, instrument, twin_plugin
 from .probe import Probe
 
 RUNNER = "tpu-inference"
+# Sampling parameters vLLM rejects with speculative decoding (SamplingParams / the input processor's checks)
+SPECULATIVE_REJECTS = ("min_p", "prompt_logprobs")
 
 
 @dataclass
@@ -44,10 +47,19 @@ class Session:
         limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"],
                                    token_buckets=p["tokens"])
         batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
+        entry = Entry.from_dict(self.entry)
+        if buckets.speculative_config(entry):
+            batches = without_params(batches, SPECULATIVE_REJECTS)
         return traffic.run_traffic(self.llm, batches)
 
     def records(self) -> list[dict[str, Any]]:
         return self.probe.snapshot()
+
+
+def without_params(batches: list[list[traffic.Request]], names: tuple[str, ...]) -> list[list[traffic.Request]]:
+    """The same requests without the named sampling parameters (the rest of the sweep keeps its seed)."""
+    return [[traffic.Request(r.prompt, {k: v for k, v in r.sampling.items() if k not in names}) for r in batch]
+            for batch in batches]
 
 
 def effective_flags() -> list[str]:

@@ -1,0 +1,87 @@
+"""Runs under the JAX venv (tests/jax/conftest.py: run_jax): tpu-inference's own CompilationManager.capture_model
+over a stand-in runner, recording every `_run_compilation` call instead of compiling it.
+
+The runner's buckets come from its own TPUModelRunner._init_inputs; the loops, the skips (async scheduling, data
+parallelism) and the spec-decode steps are capture_model's. Only what a call needs to be *made* is stood in
+for (model functions, LoRA and KV-cache plumbing); nothing is lowered or compiled.
+
+stdin: {"cases": [{"seqs", "tokens", "gap", "dp", "spec": null | {"method", "num_speculative_tokens"},
+                   "async": bool}, ...]}
+stdout (last line): {"calls": [[[family, shape], ...] per case], "paddings": [{tokens, reqs, logits}...]}
+"""
+
+import contextlib
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+# as many virtual CPU devices as the widest data-parallel case; read when JAX's CPU client starts
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+os.environ["NUM_PRECOMPILE_WORKERS"] = "1"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from tpu_inference.layers.common.sharding import MESH_AXIS_NAMES_2D  # noqa: E402
+from tpu_inference.runner.compilation_manager import CompilationManager, _describe_signature  # noqa: E402
+from tpu_inference.runner.tpu_runner import TPUModelRunner  # noqa: E402
+
+from aotc.runners.tpu_inference.instrument import family_of  # noqa: E402
+
+HIDDEN, VOCAB = 64, 256
+
+
+def recorder(calls):
+    def run_compilation(self, name, fn, *args, call_kwargs=None, warmup_handler=None, aot=True,
+                        compile_only=False, **kwargs):
+        calls.append([family_of(name), _describe_signature(kwargs)])
+
+    return run_compilation
+
+
+def stand_in_runner(case):
+    dp, spec = case["dp"], case["spec"]
+    speculative = None
+    if spec:
+        speculative = SimpleNamespace(num_speculative_tokens=spec["num_speculative_tokens"], method=spec["method"],
+                                      draft_model_config=SimpleNamespace(get_hidden_size=lambda: HIDDEN))
+    model_config = SimpleNamespace(max_model_len=128, get_sliding_window=lambda: None, get_vocab_size=lambda: VOCAB,
+                                   get_hidden_size=lambda: HIDDEN, uses_mrope=False, dtype="bfloat16",
+                                   enforce_eager=False, max_logprobs=20, logprobs_mode="raw_logprobs")
+    vllm_config = SimpleNamespace(
+        sharding_config=SimpleNamespace(prefill_cp_size=1, total_dp_size=dp),
+        additional_config={}, parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        speculative_config=speculative, compilation_config=SimpleNamespace(compilation_time=0.0))
+    runner = SimpleNamespace(
+        model_config=model_config, vllm_config=vllm_config, speculative_config=speculative, dp_size=dp,
+        cache_config=SimpleNamespace(block_size=16, cache_dtype="auto"), dtype="bfloat16",
+        scheduler_config=SimpleNamespace(max_num_seqs=case["seqs"], max_num_batched_tokens=case["tokens"],
+                                         async_scheduling=case["async"]),
+        mesh=jax.sharding.Mesh(np.array(jax.devices()[:dp]).reshape(dp, 1), MESH_AXIS_NAMES_2D),
+        rank=0, uses_mrope=False, is_multimodal_model=False, is_last_rank=True, is_first_rank=True, is_pooling_model=False,
+        enable_continue_decode=False, lora_config=None, kv_caches=None, state_leaves=None,
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l0"])], has_mamba_layers=False),
+        layer_name_to_kvcache_index={}, rng_params_for_sampling=None, model_fn=None, compute_logits_fn=None,
+        rejection_sampler=None, drafter=SimpleNamespace(propose=None, prepare_inputs=None),
+        _substitute_placeholder_token_fn=None, _select_from_array_fn=None, _extract_draft_token_ids=None,
+        structured_decoding_manager=SimpleNamespace(structured_decode_fn=None),
+        maybe_setup_dummy_loras=lambda *a: contextlib.nullcontext(),
+        maybe_select_dummy_loras=lambda *a: contextlib.nullcontext(),
+        lora_utils=SimpleNamespace(extract_lora_metadata=lambda: None))
+    TPUModelRunner._init_inputs(runner)  # the runner's own buckets
+    return runner
+
+
+def captured(case):
+    os.environ["VLLM_TPU_BUCKET_PADDING_GAP"] = str(case["gap"])  # tpu_inference.envs reads it on each access
+    runner = stand_in_runner(case)
+    calls = []
+    CompilationManager._run_compilation = recorder(calls)
+    CompilationManager(runner).capture_model()
+    return calls, {"tokens": runner.num_tokens_paddings, "reqs": runner.num_reqs_paddings,
+                   "logits": runner.num_logits_paddings}
+
+
+results = [captured(case) for case in json.load(sys.stdin)["cases"]]
+print(json.dumps({"calls": [c for c, _ in results], "paddings": [p for _, p in results]}))
