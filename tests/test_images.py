@@ -8,6 +8,7 @@ the lock files and every image field of the manifests.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -37,7 +38,10 @@ class ImageBuild:
 
 def make_dry_run(*targets: str) -> list[list[str]]:
     """The commands `make` would run (-n prints them, -B as if nothing were installed yet), split as a shell would."""
-    out = subprocess.run(["make", "-nB", *targets], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    # run as from a shell even under `make test`: a sub-make would print "Entering directory" and inherit flags
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    out = subprocess.run(["make", "--no-print-directory", "-nB", *targets], cwd=REPO, capture_output=True,
+                         text=True, check=True, env=env).stdout
     return [shlex.split(line) for line in out.replace("\\\n", " ").splitlines() if line.strip()]
 
 
