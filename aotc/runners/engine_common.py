@@ -45,7 +45,7 @@ def llm_args(args: dict[str, Any]) -> dict[str, Any]:
     its served names, its logging) belong to the server alone and change no graph. Imports vLLM."""
     import dataclasses
 
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm import EngineArgs
 
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     return {key: value for key, value in args.items() if key in fields and key not in POD_ONLY_ARGS}

@@ -87,7 +87,10 @@ def test_start_engine_mocked_tpu_starts_vllm_with_tpu_worker_and_cache(tmp_path,
         def __init__(self, **kwargs):
             seen.update(kwargs=kwargs, env=dict(os.environ))
 
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM))
+    import vllm
+
+    # only LLM is a stand-in: which arguments LLM(...) takes is vLLM's own EngineArgs
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, EngineArgs=vllm.EngineArgs))
     monkeypatch.setenv("AOTC_CPU_TWIN", "1")
     for var in ("VLLM_XLA_CACHE_PATH", "VLLM_ENABLE_V1_MULTIPROCESSING", "PJRT_DEVICE"):
         monkeypatch.setenv(var, os.environ.get(var, ""))  # restored after the test
@@ -153,5 +156,5 @@ def test_every_module_the_tpu_path_imports_is_installed():
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["failed"] == {}
-    assert {"jax", "jax.experimental.pallas.ops.tpu.megablox.gmm", "flax.training.checkpoints",
+    assert {"jax", "jax.experimental.pallas.ops.tpu.megablox.gmm", "torchax",
             "torch_xla.experimental.pallas_kernels.ragged_paged_attention_v2"} <= set(result["imported"])
