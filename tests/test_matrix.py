@@ -104,7 +104,7 @@ SWEPT = """
 models:
   - name: m
     model: org/model
-    engine: {max-loras: 2, enable_lora: true}
+    engine: {max-logprobs: 5, enable_prefix_caching: true}
     matrix:
       max_model_len: [128]
       max_num_seqs: [8]
@@ -124,5 +124,5 @@ def test_any_engine_argument_is_an_axis_of_its_own():
     ]
     last = entries[-1].engine
     assert last["async_scheduling"] is False and last["speculative_config"]["num_speculative_tokens"] == 4
-    # vLLM's parser reads max-loras and max_loras alike; so does the matrix
-    assert last["max_loras"] == 2 and "max-loras" not in last
+    # vLLM's parser reads max-logprobs and max_logprobs alike; so does the matrix
+    assert last["max_logprobs"] == 5 and "max-logprobs" not in last
