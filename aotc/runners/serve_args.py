@@ -2,15 +2,13 @@
 the stack that will serve it, never by a hand list of keys.
 
 Run as ``python -m aotc.runners.serve_args`` with ``{"argvs": [[flag, ...], ...]}`` on stdin; prints one
-JSON line: ``{"results": [{"error": str | None}, ...], "engine_fields": [...]}``, or ``{"absent": why}`` when
-the interpreter has no vLLM (an init container that only fetches). ``engine_fields`` are the arguments an
-in-process ``LLM(...)`` takes (``EngineArgs``); the rest of the parser's are the server front end's.
+JSON line: ``{"results": [{"error": str | None}, ...]}``, or ``{"absent": why}`` when the interpreter has
+no vLLM (an init container that only fetches).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import io
 import json
@@ -68,12 +66,6 @@ def check(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     return None
 
 
-def engine_fields() -> list[str]:
-    from vllm.engine.arg_utils import EngineArgs
-
-    return sorted(f.name for f in dataclasses.fields(EngineArgs))
-
-
 def main() -> None:
     request = json.load(sys.stdin)
     try:
@@ -83,7 +75,7 @@ def main() -> None:
         return
     # a model first, as `vllm serve MODEL` has one: a stray value must not pass for the model tag
     results = [{"error": check(parser, ["model", *argv])} for argv in request["argvs"]]
-    print(json.dumps({"results": results, "engine_fields": engine_fields()}))
+    print(json.dumps({"results": results}))
 
 
 if __name__ == "__main__":
