@@ -1,4 +1,4 @@
-"""A pod's init container fetches with the core's venv only, and names what differs from the build (issue 14):
+"""A pod's init container fetches with the core's venv only, and names what differs from the build:
 XLA flags as JAX hashes them, the pinned KV page count; the runner's venv is not needed."""
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def test_cli_json_shows_inputs(capsys):
 
 def test_flags_are_hashed_as_jax_hashes_them_duplicates_included():
     # JAX's cache key hashes every word of XLA_FLAGS / LIBTPU_INIT_ARGS, a repeated flag twice; a pod whose
-    # engine core sees a flag twice computes other keys than a build that saw it once (issue 14).
+    # engine core sees a flag twice computes other keys than a build that saw it once.
     once = {**ENV, "XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
     twice = {**ENV, "XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_cpu_enable_fast_math=false"}
     assert digest(environ=once) != digest(environ=twice)

@@ -1,6 +1,6 @@
 """LoRA entries: the test adapter, the sweep's adapter mix, the stock server's --lora-modules, the
 tpu-inference model implementation LoRA needs (a fingerprint input), and vllm-tpu's refusal held against
-vLLM 0.13's own code. The builds, verifies and canaries: tests/jax/test_lora_jax.py."""
+vLLM 0.13's own code. The builds, verifies and canaries: tests/tpu_inference/test_lora_jax.py."""
 
 from __future__ import annotations
 

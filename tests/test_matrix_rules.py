@@ -1,5 +1,5 @@
 """The matrix rejects exactly what vLLM 0.13 rejects: each rule of the vllm-tpu runner held against vLLM's own
-code over a randomized sweep (tpu-inference's against vLLM 0.32's in tests/jax/test_plan_jax.py)."""
+code over a randomized sweep (tpu-inference's against vLLM 0.32's in tests/tpu_inference/test_plan_jax.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Incremental builds' store side on a real local store: which published files seed a staging cache, how
 a build's reads and writes turn into compiled / reused counts, and when an entry is taken whole from the store
-(the engine side: tests/jax/test_incremental_jax.py)."""
+(the engine side: tests/tpu_inference/test_incremental_jax.py)."""
 
 from __future__ import annotations
 

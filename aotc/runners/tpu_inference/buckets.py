@@ -1,7 +1,7 @@
 """tpu-inference's padding rules and precompile loops (vllm-tpu 0.32 / tpu-inference 0.32), as plain data.
 
 Re-implemented, not imported, so that `aotc plan` runs on the core's Python without JAX;
-tests/jax/test_plan_jax.py proves them equal to tpu-inference's own helpers under the JAX venv.
+tests/tpu_inference/test_plan_jax.py proves them equal to tpu-inference's own helpers under the JAX venv.
 Families are `CompilationManager._precompile_*` steps, named after the jitted function they compile;
 a shape is the scalar signature the manager logs for each `_run_compilation` ("Precompile X --> {...}").
 Covered: a text-only model; speculative decoding (ngram, eagle3: the spec-decode variants and
@@ -30,7 +30,7 @@ FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "
             "select_from_array", "compute_logits", "structured_decoding")
 # Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
 # async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
-# dspark, dflash). Any other method (ngram) turns it off. tests/jax pins this to vLLM's own types.
+# dspark, dflash). Any other method (ngram) turns it off. tests/tpu_inference pins this to vLLM's own types.
 ASYNC_SPECULATIVE_METHODS = frozenset({"eagle", "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu",
                                        "draft_model", "dspark"})
 # Methods with a drafter whose jitted helpers the plan lists (CompilationManager._precompile_eagle3_helpers).

@@ -1,5 +1,5 @@
 """vllm-tpu 0.32 / tpu-inference 0.32's own checks on an entry (RunnerSpec.validate): the front end's rules
-plus tpu-inference's TpuPlatform's. Held against their code by tests/jax/test_plan_jax.py."""
+plus tpu-inference's TpuPlatform's. Held against their code by tests/tpu_inference/test_plan_jax.py."""
 
 from __future__ import annotations
 

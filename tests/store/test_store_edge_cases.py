@@ -1,6 +1,6 @@
-"""Issue 11: the eleven defects an independent attack found, each through the real ``aotc`` command.
+"""Store, publish and fetch edge cases, each through the real ``aotc`` command.
 
-Every test here failed on main at 56efd6f and passes now. Stores are a local folder or the loopback
+Stores are a local folder or the loopback
 fake-gcs-server (through tests/helpers/faultproxy.py where the network has to misbehave).
 """
 

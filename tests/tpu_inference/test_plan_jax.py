@@ -97,7 +97,7 @@ def test_demo_plan_follows_tpu_inferences_paddings_through_its_precompile_loops(
     """The demo plan's buckets are tpu-inference's own (computed by its helpers under the JAX venv), and each
     family's count follows from them through the loops of its CompilationManager._precompile_* steps.
     That the plan equals the precompiles tpu-inference really runs is proven by the build itself
-    (tests/jax/test_build_verify_jax.py): the core's plan_coverage fails a build on any missing or unplanned call."""
+    (tests/tpu_inference/test_build_verify_jax.py): the core's plan_coverage fails a build on any missing or unplanned call."""
     entry = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
     theirs = run_jax(jax_env, SCRIPT, {"paddings": [[entry.max_num_seqs, entry.max_num_batched_tokens, 0, 2]]})
     padded = theirs["paddings"][0]

@@ -1,4 +1,4 @@
-"""Runs under the JAX venv (tests/jax/conftest.py: run_jax): vLLM's speculative methods, and those VllmConfig keeps
+"""Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): vLLM's speculative methods, and those VllmConfig keeps
 async scheduling on for when it is unset (vllm/config/vllm.py: EagleModelTypes, NgramGPUTypes, draft_model,
 dspark, dflash).
 

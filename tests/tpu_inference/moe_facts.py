@@ -1,4 +1,4 @@
-"""Runs under the JAX venv (tests/jax/conftest.py: run_jax): the CPU twin's MoE kernels against references.
+"""Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): the CPU twin's MoE kernels against references.
 
 stdout (last line): {"gmm_error", "gmm_foreign_rows", "activation_error": {name: float}, "moe_error"}
 """

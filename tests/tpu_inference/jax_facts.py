@@ -1,4 +1,4 @@
-"""Runs under the JAX venv (tests/jax/conftest.py: run_jax): tpu-inference's own answers, as JSON.
+"""Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): tpu-inference's own answers, as JSON.
 
 stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...],
         "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len], ...]}

@@ -1,6 +1,6 @@
 """Engine features on the CPU twin, through the real CLI: speculative decoding (ngram), data parallel 2 and async
 scheduling off (configs/features-jax.yaml) each build with every planned graph compiled, and a fresh server's
-verify finds every graph it compiles in the artifact. Expected counts come from the plan (tests/jax/test_plan_jax.py
+verify finds every graph it compiles in the artifact. Expected counts come from the plan (tests/tpu_inference/test_plan_jax.py
 ties it to tpu-inference's own capture_model), never from a previous run."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ ENTRIES = {entry.model_name: entry for entry in load_matrix(ZOO).entries}
 
 
 def plan(model: str):
-    # Expected counts come from the plan (tests/jax/test_plan_jax.py ties it to tpu-inference's own loops).
+    # Expected counts come from the plan (tests/tpu_inference/test_plan_jax.py ties it to tpu-inference's own loops).
     return plan_entry(ENTRIES[model])
 
 

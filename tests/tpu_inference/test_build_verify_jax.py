@@ -17,7 +17,7 @@ from .conftest import REPO
 
 DEMO = REPO / "configs" / "demo-jax.yaml"
 ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
-# Expected counts come from the plan (tests/jax/test_plan_jax.py ties it to tpu-inference's own helpers),
+# Expected counts come from the plan (tests/tpu_inference/test_plan_jax.py ties it to tpu-inference's own helpers),
 # never from a previous run's output.
 PLAN = plan_entry(load_matrix(DEMO).entry(ENTRY))
 
@@ -71,7 +71,7 @@ def test_a_missing_cache_file_fails_verify_naming_its_family(jax_env, artifact, 
     assert "NOT COVERED: 1 graph(s) missed the cache (backbone)" in said, said[-3000:]
 
 
-# --- the canary: the stock `vllm serve` from a fetched artifact (issue 9, issue 14) ---------------------
+# --- the canary: the stock `vllm serve` from a fetched artifact ---------------------
 
 
 @pytest.mark.slow
@@ -81,7 +81,7 @@ def test_canary_stock_server_loads_every_graph_and_compiles_nothing(jax_env, art
     store, _ = publish_copy(artifact, tmp_path, jax_env)
     code, doc, err = canary(DEMO, ENTRY, store, jax_env)
     assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
-    # every start-up lookup of the API server + engine-core server hit the build's keys (issue 14)
+    # every start-up lookup of the API server + engine-core server hit the build's keys
     assert doc["startup"]["lookups"] == doc["startup"]["hits"] > 0 and doc["startup"]["new_files"] == []
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
     assert doc["requests"] >= 16 and doc["failed_requests"] == 0 and doc["ready_seconds"] > 0

@@ -1,4 +1,4 @@
-"""Runs under the JAX venv (tests/jax/conftest.py: run_jax): tpu-inference's own CompilationManager.capture_model
+"""Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): tpu-inference's own CompilationManager.capture_model
 over a stand-in runner, recording every `_run_compilation` call instead of compiling it.
 
 The runner's buckets come from its own TPUModelRunner._init_inputs; the loops, the skips (async scheduling, data
