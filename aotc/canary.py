@@ -264,8 +264,7 @@ def cache_key(path: str) -> str:
 def runner_cache_log(runner: str) -> dict[str, Any]:
     """The runner's per-lookup log, if its stack has one: {"env": ..., "hit": regex, "miss": regex}, each
     regex with two groups (graph name, cache key). Logging only: no key changes."""
-    spec = load_runner(runner)
-    return spec.load("cache_log")() if spec.cache_log else {}
+    return load_runner(runner).cache_log()
 
 
 def name_graphs(manifest: Manifest, keys: Iterable[str]) -> list[str]:

@@ -52,7 +52,7 @@ def run_doctor(probe: bool = True) -> dict[str, Any]:
             hint = f"{load_runner(runner).python_env} names its interpreter"
             report["problems"].append(f"{runner}: {info['versions']['error']} ({hint})")
     spec = load_runner(DEFAULT_RUNNER)
-    if probe and not missing and spec.probe:
-        report["loadability"] = spec.load("probe")()
+    if probe and not missing and (loadability := spec.probe()) is not None:
+        report["loadability"] = loadability
     report["ok"] = not missing
     return report

@@ -58,8 +58,7 @@ def package_version(name: str) -> str | None:
 def runner_python(runner: str, environ: dict[str, str] | None = None) -> str:
     """The interpreter a runner runs under: its ``RunnerSpec.python_env`` (AOTC_PYTHON_<RUNNER>) if set, else
     this one (a stack that cannot share the core's venv gets its own)."""
-    environ = os.environ if environ is None else environ
-    return environ.get(load_runner(runner).python_env) or sys.executable
+    return load_runner(runner).python(environ)
 
 
 def runner_versions(runner: str, environ: dict[str, str] | None = None) -> dict[str, str | None]:
@@ -123,7 +122,7 @@ def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int |
     ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept. ``environ`` is the launch
     environment; the flags the runner's stack prepends at import (``RunnerSpec.implied_flags``) are added
     once per import (``imports``, default: a stock server's, ``server_imports``); pass ``imports=0`` for the
-    live environment of a process that already imported it. ``entry_flags`` (``entry_implied_flags``: the
+    live environment of a process that already imported it. ``entry_flags`` (``RunnerSpec.entry_flags``: the
     twin's virtual device count) are set once in the launch environment, unless it holds them already.
     Stricter than JAX in one way: its dump-only flags count here too."""
     implied = load_runner(runner).implied_flags if runner else {}
@@ -139,11 +138,11 @@ def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int |
 
 def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
     """The runner-read variables as the build will set them: the config's value, else what the runner
-    implies for the entry (its buckets module's ``implied_env``), else the process's."""
-    implied_env = getattr(_runner_buckets(entry), "implied_env", None)
-    implied = implied_env(entry) if implied_env else {}
+    implies for the entry (``RunnerSpec.implied_env``), else the process's."""
+    runner = load_runner(entry.runner)
+    implied = runner.implied_env(entry)
     env = {}
-    for var in load_runner(entry.runner).env_vars:
+    for var in runner.env_vars:
         if var in entry.env:
             env[var] = str(entry.env[var])
         elif var in implied:
@@ -151,28 +150,6 @@ def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
         elif var in environ:
             env[var] = environ[var]
     return env
-
-
-def _runner_buckets(entry: Entry):
-    return load_runner(entry.runner).load("buckets")
-
-
-def kv_blocks(entry: Entry) -> int | None:
-    """The KV-cache page count the runner pins (a shape in its graphs); None for a runner without one."""
-    rule = getattr(_runner_buckets(entry), "kv_blocks", None)
-    return rule(entry) if rule else None
-
-
-def entry_implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
-    """Flags the runner adds for this entry (the twin's virtual device count), from its buckets module."""
-    implied = getattr(_runner_buckets(entry), "implied_flags", None)
-    return implied(entry) if implied else {}
-
-
-def entry_mesh(entry: Entry) -> dict[str, Any] | None:
-    """The device mesh the runner shards the entry's graphs over, when the runner declares one."""
-    mesh = getattr(_runner_buckets(entry), "mesh", None)
-    return mesh(entry) if mesh else None
 
 
 def code_digest(modules: tuple[str, ...]) -> str:
@@ -213,12 +190,12 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         # every vllm serve argument the matrix set, but those a pod chooses freely (aotc/engine_args.py)
         "engine": graph_args(entry.engine),
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
-        "kv_blocks": kv_blocks(entry),
+        "kv_blocks": load_runner(entry.runner).kv_blocks(entry),
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
-        "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry_implied_flags(entry)),
+        "xla_flags": xla_flags(environ, entry.runner, entry_flags=load_runner(entry.runner).entry_flags(entry)),
     }
-    if (mesh := entry_mesh(entry)) is not None:
+    if (mesh := load_runner(entry.runner).mesh(entry)) is not None:
         inputs["mesh"] = mesh
     if (twin := twin_digest(entry)) is not None:
         inputs["twin"] = twin

@@ -316,7 +316,7 @@ class GuardSession:
         self.figures = Figures(runner=runner.name if runner else "unknown", mode=mode)
         self._failing: set[str] = set()
         self._lock = threading.Lock()
-        self.watcher = runner.load("watcher")(self) if runner is not None and runner.watcher else None
+        self.watcher = runner.watcher(self) if runner is not None else None
         self.figures.watched = self.watcher is not None
 
     @property

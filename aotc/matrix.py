@@ -407,8 +407,7 @@ def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) ->
         raise MatrixError(file, where + ".device",
                           f"runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}")
     problems = _tpu_problems(entry)
-    if runner.validate:
-        problems += runner.load("validate")(entry, hf_config)
+    problems += runner.validate(entry, hf_config)
     if problems:
         key, _, reason = problems[0].partition(": ")
         raise MatrixError(file, f"{where}.{key}", reason)

@@ -17,9 +17,9 @@ __all__ = ["BuildPlan", "GraphSpec", "plan_entry", "plan_entries"]
 
 
 def plan_entry(entry: Entry) -> BuildPlan:
-    rules = load_runner(entry.runner).load("buckets")
-    graphs = tuple(rules.capture_plan(entry, hf_config(entry)))
-    return BuildPlan(entry, graphs, rules.bucket_summary(entry))
+    runner = load_runner(entry.runner)
+    graphs = tuple(runner.capture_plan(entry, hf_config(entry)))
+    return BuildPlan(entry, graphs, runner.bucket_summary(entry))
 
 
 def plan_entries(entries: list[Entry]) -> list[BuildPlan]:

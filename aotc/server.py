@@ -59,10 +59,10 @@ class ServerCommand:
 
 def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
     """The runner's engine arguments and env for the stock server, with the matrix's env on top."""
-    spec = load_runner(entry.runner)
-    if spec.serve is None:
-        raise ValueError(f"runner {entry.runner} cannot describe its stock server (RunnerSpec.serve)")
-    args, env = spec.load("serve")(entry.to_dict(), str(cache_dir))
+    try:
+        args, env = load_runner(entry.runner).serve(entry.to_dict(), str(cache_dir))
+    except NotImplementedError as exc:
+        raise ValueError(str(exc)) from None
     env = {**env, **{k: str(v) for k, v in entry.env.items()}}
     args = dict(args)
     if entry.device != "cpu":

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from aotc import guard, guard_metrics
-from aotc.fingerprint import fingerprint_entry, kv_blocks
+from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
@@ -26,6 +26,10 @@ from .helpers.guard_engine import OUTCOME
 DEMO_ENTRY = "tiny-llama--len128-seqs8-tok64-tp1"
 TWIN = {"runner": "vllm-tpu", "device": "cpu"}  # what the vllm-tpu watcher reports on the CPU twin
 ENV = {"AOTC_CPU_TWIN": "1", "XLA_FLAGS": "--xla_dump_to=/tmp/x", "VLLM_TPU_BUCKET_PADDING_GAP": "0"}
+
+
+def pinned_kv(entry) -> int:
+    return load_runner(entry.runner).kv_blocks(entry)
 
 
 def demo_entry():
@@ -42,7 +46,7 @@ def vllm_config(entry, **overrides):
                                          max_num_batched_tokens=entry.max_num_batched_tokens),
         parallel_config=SimpleNamespace(tensor_parallel_size=entry.tensor_parallel_size),
         cache_config=SimpleNamespace(cache_dtype="auto", enable_prefix_caching=True, block_size=128,
-                                     num_gpu_blocks_override=values.get("kv_blocks", kv_blocks(entry))),
+                                     num_gpu_blocks_override=values.get("kv_blocks", pinned_kv(entry))),
         lora_config=None,
     )
 
@@ -79,10 +83,10 @@ def test_mismatch_names_the_differing_inputs(tmp_path):
 def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, entry, ENV)
-    for pod_kv in (kv_blocks(entry) * 2, None):  # another pinned size, or vLLM sizing it from memory
+    for pod_kv in (pinned_kv(entry) * 2, None):  # another pinned size, or vLLM sizing it from memory
         check = guard.check_cache(str(tmp_path), vllm_config(entry, kv_blocks=pod_kv), ENV, **TWIN)
         assert check.status == "mismatch" and check.differences == (
-            f"kv_blocks: here {pod_kv!r}, published {kv_blocks(entry)!r}",), check.line
+            f"kv_blocks: here {pod_kv!r}, published {pinned_kv(entry)!r}",), check.line
 
 
 def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):

@@ -2,13 +2,15 @@
 ``aotc.runners`` (the way fsspec finds a filesystem by protocol). A backend is one package that exposes a
 ``RunnerSpec`` and registers it; no core module names a runner. See docs/design.md, "Runner interface".
 
-Everything here is import-light: a spec names modules by string, imported on first use.
+Everything here is import-light: a backend's hooks import its stack inside themselves, on first use.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -21,12 +23,19 @@ DEFAULT_RUNNER = "vllm-tpu"
 
 @dataclass(frozen=True)
 class RunnerSpec:
+    """A backend, as the core sees it (in the spirit of vLLM's ``Platform``): static facts are fields, each hook
+    is a documented method with a default. A backend subclasses it, overrides the hooks its stack has
+    (importing its heavy modules inside them, never at class level) and registers one instance. The core
+    resolves it once per entry (``load_runner``) and calls only these methods."""
+
     name: str
     """The matrix's ``runner:`` value, e.g. ``vllm-tpu``."""
     module: str
     """Run as ``python -m <module> {build|verify} REQUEST.json RESULT.json`` (aotc/runners/protocol.py)."""
     buckets: str
-    """Module with ``capture_plan(entry, hf_config)`` and ``bucket_summary(entry)``; imports no heavy stack."""
+    """Module holding the plan-side primitives the default hooks derive from: ``capture_plan(entry, hf_config)``
+    and ``bucket_summary(entry)`` (required), ``kv_blocks``, ``implied_flags``, ``implied_env``, ``mesh``
+    (optional, each ``(entry)``). It imports no heavy stack: plan and fingerprint run without one."""
     packages: tuple[str, ...]
     """Distributions whose versions enter the fingerprint (read from metadata, never imported)."""
     env_vars: tuple[str, ...] = ()
@@ -34,18 +43,6 @@ class RunnerSpec:
     implied_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Flags the stack adds to XLA_FLAGS / LIBTPU_INIT_ARGS at import, before anything compiles."""
     devices: tuple[str, ...] = ("cpu", "tpu")
-    watcher: str | None = None
-    """``module:callable`` the guard installs in a serving process; None: the guard logs that it is unwatched."""
-    probe: str | None = None
-    """``module:callable() -> dict`` ``aotc doctor`` runs: can this stack load its own persistent cache?
-    The dict carries at least ``loadable`` (bool) and ``verdict`` (one line)."""
-    serve: str | None = None
-    """``module:callable(entry: dict, cache_dir) -> (engine_args, env)``: the stock ``vllm serve`` for an
-    entry (aotc/server.py turns it into a command line; env values None mean unset)."""
-    cache_log: str | None = None
-    """``module:callable() -> {"env": {...}, "hit": regex, "miss": regex}``: logging-only settings under which
-    the stack logs each persistent-cache lookup (both regexes capture graph name and cache key); the
-    canary counts start-up hits with it. None: the cache's files are the only evidence."""
     unserved: Mapping[str, str] = field(default_factory=dict)
     """Request options the stock server of this stack cannot serve -> why (the upstream reference). The
     canary leaves them out of its load and reports each one: a documented limitation, never a silent skip."""
@@ -55,24 +52,75 @@ class RunnerSpec:
     cache_loads: bool = False
     """The stack reads its persistent cache back: a build may seed it from the store (aotc/reuse.py) and the
     runner's build result lists ``cache_reads`` / ``cache_writes`` (cache file names)."""
-    validate: str | None = None
-    """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry, one problem a
-    line as ``KEY.PATH: reason`` with the key path relative to the model (``env.X: ...``); [] when valid."""
     twin_modules: tuple[str, ...] = ()
     """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
     its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
+
+    # -- plan side: derived from the ``buckets`` module ------------------------------------------------------
+    def capture_plan(self, entry: Any, hf_config: dict | None) -> list[Any]:
+        """Every graph the entry needs (``GraphSpec``), in the order the stack's warm-up compiles them."""
+        return self._buckets().capture_plan(entry, hf_config)
+
+    def bucket_summary(self, entry: Any) -> dict[str, Any]:
+        """The padded buckets behind the plan, for ``aotc plan`` and the report."""
+        return self._buckets().bucket_summary(entry)
+
+    def kv_blocks(self, entry: Any) -> int | None:
+        """The KV-cache page count the stack's graphs are built for (a shape in them); None: not pinned."""
+        return self._derived("kv_blocks", entry, None)
+
+    def entry_flags(self, entry: Any) -> dict[str, tuple[str, ...]]:
+        """XLA_FLAGS / LIBTPU_INIT_ARGS words the runner adds for this entry (e.g. the twin's device count)."""
+        return self._derived("implied_flags", entry, {})
+
+    def implied_env(self, entry: Any) -> dict[str, str]:
+        """Values of ``env_vars`` the entry implies when the matrix sets none (e.g. LoRA's model code)."""
+        return self._derived("implied_env", entry, {})
+
+    def mesh(self, entry: Any) -> dict[str, Any] | None:
+        """The device mesh the entry's graphs are sharded over; None: the runner declares none."""
+        return self._derived("mesh", entry, None)
+
+    # -- stack side: backends override these -----------------------------------------------------------------
+    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+        """The stack's own rules for an entry, one problem a line as ``KEY.PATH: reason`` (key path relative
+        to the model, e.g. ``env.X: ...``); [] when valid."""
+        return []
+
+    def serve(self, entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+        """The stock ``vllm serve`` for an entry: (engine arguments, env; None means unset)."""
+        raise NotImplementedError(f"runner {self.name} cannot describe its stock server")
+
+    def probe(self) -> dict[str, Any] | None:
+        """What ``aotc doctor`` reports: can this stack load its own persistent cache? At least ``loadable``
+        (bool) and ``verdict`` (one line); None: the runner has no probe."""
+        return None
+
+    def watcher(self, guard: Any) -> Any | None:
+        """The compile counter the serving guard installs in a serving process; None: unwatched (logged)."""
+        return None
+
+    def cache_log(self) -> dict[str, Any]:
+        """Logging-only settings under which the stack logs each persistent-cache lookup: ``{"env": {...},
+        "hit": regex, "miss": regex}``, each regex capturing (graph name, cache key); {}: no such log."""
+        return {}
+
+    def python(self, environ: Mapping[str, str] | None = None) -> str:
+        """The interpreter the runner runs under: ``python_env`` if set, else this one (a stack that cannot
+        share the core's venv gets its own)."""
+        return (os.environ if environ is None else environ).get(self.python_env) or sys.executable
 
     @property
     def python_env(self) -> str:
         """The variable naming this runner's interpreter when its stack has its own venv."""
         return "AOTC_PYTHON_" + self.name.upper().replace("-", "_")
 
-    def load(self, attribute: str) -> Any:
-        """Import one of the spec's ``module`` / ``module:callable`` strings."""
-        target = getattr(self, attribute)
-        module, _, name = target.partition(":")
-        loaded = importlib.import_module(module)
-        return getattr(loaded, name) if name else loaded
+    def _buckets(self) -> Any:
+        return importlib.import_module(self.buckets)
+
+    def _derived(self, primitive: str, entry: Any, default: Any) -> Any:
+        rule = getattr(self._buckets(), primitive, None)
+        return rule(entry) if rule else default
 
 
 class UnknownRunner(ValueError):
