@@ -22,7 +22,8 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
-from aotc.fingerprint import Fingerprint, fingerprint_entry, runner_python
+from aotc.fingerprint import Fingerprint, fingerprint_entry
+from aotc.runners.spec import runner_python
 from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.graphs import BuildPlan, GraphSpec

@@ -198,10 +198,10 @@ def continue_without_artifact(exc: NotFoundInStore, dest: str, out: Output) -> i
 
 def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     from aotc.render import print_warnings, render_ls
-    from aotc.store import Store, resolve_store_url
+    from aotc.store import Store, resolve_store_url, scan_store
 
     url = resolve_store_url(args.store)
-    info = Store.from_url(url).scan()
+    info = scan_store(Store.from_url(url))
     print_warnings(info.warnings)
     out.emit(info.to_dict(), lambda: render_ls(info, console()))
     return 0
@@ -209,12 +209,12 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_gc(args: argparse.Namespace, out: Output) -> int:
     from aotc.render import print_warnings, render_gc
-    from aotc.store import Store, resolve_store_url
+    from aotc.store import Store, resolve_store_url, scan_store
 
     url = resolve_store_url(args.store)
     store = Store.from_url(url)
     min_age = gc_min_age(args)
-    strategy = store.scan().gc(keep=args.keep, min_age=min_age)
+    strategy = scan_store(store).gc(keep=args.keep, min_age=min_age)
     print_warnings(strategy.warnings)
     report = None if args.dry_run else strategy.execute(store)
     out.emit(strategy.to_dict() | {"dry_run": args.dry_run, "store": url,

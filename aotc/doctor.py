@@ -13,7 +13,8 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
-from aotc.fingerprint import runner_python, runner_versions, xla_flags
+from aotc.runners.flags import xla_flags
+from aotc.runners.spec import runner_python, runner_versions
 from aotc.runners.spec import DEFAULT_RUNNER, RunnerSpec, load_runner, registered
 
 # present only where TPU hardware is (a CPU-only machine builds on the twin without it)

@@ -10,24 +10,19 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import functools
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from aotc.engine_args import graph_args
 from aotc.files import sha256_file
 from aotc.matrix import Entry
-from aotc.runners.spec import load_runner
+from aotc.runners.flags import xla_flags
+from aotc.runners.spec import load_runner, runner_versions
 
 # 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
 #    process of a stock server); the pinned KV block count; versions from the runner's pins without its venv.
 FINGERPRINT_VERSION = 2
-FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 
 
 @dataclass(frozen=True)
@@ -46,94 +41,6 @@ def canonical_json(data: Any) -> bytes:
 
 def digest_of(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(inputs)).hexdigest()
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def runner_python(runner: str, environ: dict[str, str] | None = None) -> str:
-    """The interpreter a runner runs under: its ``RunnerSpec.python_env`` (AOTC_PYTHON_<RUNNER>) if set, else
-    this one (a stack that cannot share the core's venv gets its own)."""
-    return load_runner(runner).python(environ)
-
-
-def runner_versions(runner: str, environ: dict[str, str] | None = None) -> dict[str, str | None]:
-    """The runner's package versions, from the metadata of the interpreter that will run it.
-
-    Where that stack is not installed at all (this interpreter lacks its packages and no
-    AOTC_PYTHON_<RUNNER> names another, e.g. a fetch init container), the versions this aotc pins for the
-    runner stand in: the stack a pod may serve with is the pinned one, and the guard in the running engine
-    compares the real versions with the manifest's."""
-    spec = load_runner(runner)
-    python = runner_python(runner, environ)
-    if not _same_interpreter(python):
-        return dict(_foreign_versions(python, spec.packages))
-    found = {pkg: package_version(pkg) for pkg in spec.packages}
-    if spec.pins and None in found.values():
-        return {pkg: spec.pins.get(pkg) for pkg in spec.packages}
-    return found
-
-
-def _same_interpreter(python: str) -> bool:
-    try:
-        return Path(python).resolve() == Path(sys.executable).resolve()
-    except OSError:
-        return False
-
-
-_VERSIONS_SCRIPT = """import json, sys
-from importlib import metadata
-def v(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-json.dump({name: v(name) for name in sys.argv[1:]}, sys.stdout)
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
-    # Metadata only, nothing imported: a ~50 ms subprocess, so plan/fingerprint stay light.
-    from aotc.errors import BadInput
-
-    try:
-        out = subprocess.run([python, "-I", "-c", _VERSIONS_SCRIPT, *packages], capture_output=True, text=True,
-                             timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BadInput(f"cannot read package versions from runner interpreter {python}: {exc}") from None
-    return tuple(json.loads(out).items())
-
-
-def server_imports(environ: dict[str, str]) -> int:
-    """How often a stock ``vllm serve`` imports the runner's stack before its engine compiles: in the API
-    server and again in the engine-core process, which inherits the first one's environment (one process
-    when multiprocessing is off, as in aotc's own build)."""
-    return 1 if environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else 2
-
-
-def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int | None = None,
-              entry_flags: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    """The words of XLA_FLAGS and LIBTPU_INIT_ARGS as JAX's cache key hashes them (jax/_src/cache_key.py,
-    ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept. ``environ`` is the launch
-    environment; the flags the runner's stack prepends at import (``RunnerSpec.implied_flags``) are added
-    once per import (``imports``, default: a stock server's, ``server_imports``); pass ``imports=0`` for the
-    live environment of a process that already imported it. ``entry_flags`` (``RunnerSpec.entry_flags``: the
-    twin's virtual device count) are set once in the launch environment, unless it holds them already.
-    Stricter than JAX in one way: its dump-only flags count here too."""
-    implied = load_runner(runner).implied_flags if runner else {}
-    imports = server_imports(environ) if imports is None else imports
-    flags: list[str] = []
-    for var in FLAG_ENV_VARS:
-        launch = environ.get(var, "").split()
-        launch += [w for w in (entry_flags or {}).get(var, ()) if w not in launch]
-        words = list(implied.get(var, ())) * imports + launch
-        flags += [f"{var}:{w}" for w in words]
-    return sorted(flags)
 
 
 def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:

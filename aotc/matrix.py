@@ -20,7 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Stric
 
 from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
-from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner
+from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner, runner_python, runner_versions
 
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
@@ -365,8 +365,6 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
 def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: str) -> None:
     """Each runner's ``vllm serve`` parser, in its own interpreter, on every entry's ``engine:``; an error
     names the key where the matrix set it (``engine.X`` or, for a swept argument, ``matrix.X``)."""
-    from aotc.fingerprint import runner_python, runner_versions
-
     for runner in dict.fromkeys(entry.runner for entry, *_ in entries):
         mine = [item for item in entries if item[0].runner == runner]
         verdicts = stack_verdicts(runner_python(runner), runner_versions(runner), [item[0].engine for item in mine])

@@ -22,7 +22,7 @@ from aotc.errors import BadInput
 from aotc.fingerprint import diff_inputs, flatten
 from aotc.manifest import RUNTIME, STARTUP, GraphRecord, Manifest, VerifySummary
 from aotc.plan import BuildPlan, plan_entry
-from aotc.store import GcStrategy, Store, StoreInfo, human_size
+from aotc.store import GcStrategy, Store, StoreInfo, human_size, scan_store
 
 CANARY_FIGURES = ("requests", "compiles_at_startup", "compiles_after_ready", "ready_seconds")
 CANARY_SUFFIX = ".canary.json"  # beside an artifact dir: `aotc canary --json` saved by make build-cache
@@ -197,7 +197,7 @@ def store_report(url: str, keep: int = 2, min_age: float | None = None) -> Store
     """Scan the store and plan (never run) the gc that ``aotc gc --keep N --dry-run`` would show."""
     from aotc.store import DEFAULT_MIN_AGE
 
-    info = Store.from_url(url).scan()
+    info = scan_store(Store.from_url(url))
     return StoreData(info, info.gc(keep=keep, min_age=DEFAULT_MIN_AGE if min_age is None else min_age))
 
 

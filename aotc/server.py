@@ -74,7 +74,7 @@ def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[s
 
 def vllm_executable(runner: str, environ: Mapping[str, str] | None = None) -> str:
     """The ``vllm`` console script beside the runner's interpreter (its own venv, or this one)."""
-    from aotc.fingerprint import runner_python
+    from aotc.runners.spec import runner_python
 
     return str(Path(runner_python(runner, dict(os.environ if environ is None else environ))).parent / "vllm")
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from aotc.build import build_matrix
-from aotc.fingerprint import runner_python
+from aotc.runners.spec import runner_python
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
 from aotc.runners.spec import load_runner

@@ -94,12 +94,12 @@ def test_flag_order_and_non_xla_words_do_not_matter():
 
 @pytest.mark.parametrize("package", load_runner("vllm-tpu").packages)
 def test_each_package_version_changes_the_digest(package, monkeypatch):
-    from aotc import fingerprint
+    from aotc.runners import spec
 
-    real = fingerprint.package_version
-    monkeypatch.setattr(fingerprint, "package_version", lambda name: "9.9.9" if name == package else real(name))
+    real = spec.package_version
+    monkeypatch.setattr(spec, "package_version", lambda name: "9.9.9" if name == package else real(name))
     patched = fingerprint_entry(BASE, ENV)
-    monkeypatch.setattr(fingerprint, "package_version", real)
+    monkeypatch.setattr(spec, "package_version", real)
     assert patched.digest != digest()
     assert patched.inputs["versions"][package] == "9.9.9"
 

@@ -18,6 +18,7 @@ from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.spec import RunnerSpec, load_runner
+from aotc.runners import watching
 from aotc.runners.vllm_tpu import watcher
 
 from .conftest import CONFIGS, REPO
@@ -181,15 +182,15 @@ GRAPHS = (GraphRecord("backbone", {"num_tokens": 32, "num_reqs": 8, "num_blocks"
 
 
 def test_uncovered_families_names_what_the_manifest_lacks():
-    assert guard.uncovered_families(GRAPHS, STEP, watcher.step_families(STEP)) == [
+    assert watching.uncovered_families(GRAPHS, STEP, watcher.step_families(STEP)) == [
         "select_hidden_states[num_tokens=32, num_reqs=16]", "sample_from_logits[num_reqs=16, all_greedy=False]"]
     with_logprobs = {**STEP, "logprobs": True}
-    assert "gather_logprobs[num_reqs=16]" in guard.uncovered_families(GRAPHS, with_logprobs,
+    assert "gather_logprobs[num_reqs=16]" in watching.uncovered_families(GRAPHS, with_logprobs,
                                                                       watcher.step_families(with_logprobs))
 
 
 def test_counter_delta_survives_dynamo_resets():
-    assert guard.counter_delta({"a": 5, "b": 2}, {"a": 7, "b": 1}) == {"a": 2, "b": 1}
+    assert watching.counter_delta({"a": 5, "b": 2}, {"a": 7, "b": 1}) == {"a": 2, "b": 1}
 
 
 def test_cache_misses_survive_the_dynamo_bridge_clearing_counters(monkeypatch):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aotc.fingerprint import runner_python
+from aotc.runners.spec import runner_python
 from aotc.matrix import load_matrix
 from aotc.runners.spec import load_runner
 from aotc.engine_args import cli_flags

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+from aotc.errors import BadInput
 
 ENTRY_POINT_GROUP = "aotc.runners"
 # The matrix's runner when it names none (docs/design.md, "Matrix"): the first backend aotc had.
@@ -144,3 +149,62 @@ def load_runner(name: str) -> RunnerSpec:
     except KeyError:
         known = ", ".join(sorted(registered())) or "none installed"
         raise UnknownRunner(f"unknown runner {name!r} (registered: {known})") from None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def runner_python(runner: str, environ: Mapping[str, str] | None = None) -> str:
+    """The interpreter a runner runs under (``RunnerSpec.python``)."""
+    return load_runner(runner).python(environ)
+
+
+def runner_versions(runner: str, environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The runner's package versions, from the metadata of the interpreter that will run it.
+
+    Where that stack is not installed at all (this interpreter lacks its packages and no
+    AOTC_PYTHON_<RUNNER> names another, e.g. a fetch init container), the versions this aotc pins for the
+    runner stand in: the stack a pod may serve with is the pinned one, and the guard in the running engine
+    compares the real versions with the manifest's."""
+    spec = load_runner(runner)
+    python = spec.python(environ)
+    if not _same_interpreter(python):
+        return dict(_foreign_versions(python, spec.packages))
+    found = {pkg: package_version(pkg) for pkg in spec.packages}
+    if spec.pins and None in found.values():
+        return {pkg: spec.pins.get(pkg) for pkg in spec.packages}
+    return found
+
+
+def _same_interpreter(python: str) -> bool:
+    try:
+        return Path(python).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        return False
+
+
+_VERSIONS_SCRIPT = """import json, sys
+from importlib import metadata
+from pathlib import Path
+def v(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+json.dump({name: v(name) for name in sys.argv[1:]}, sys.stdout)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    # Metadata only, nothing imported: a ~50 ms subprocess, so plan/fingerprint stay light.
+    try:
+        out = subprocess.run([python, "-I", "-c", _VERSIONS_SCRIPT, *packages], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BadInput(f"cannot read package versions from runner interpreter {python}: {exc}") from None
+    return tuple(json.loads(out).items())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from aotc.fingerprint import fingerprint_entry, runner_python
+from aotc.fingerprint import fingerprint_entry
+from aotc.runners.spec import runner_python
 from aotc.matrix import load_matrix
 
 from .conftest import PYTHON_ENV, REPO

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from aotc.fingerprint import xla_flags
+from aotc.runners.flags import xla_flags
 from aotc.matrix import Entry
 from aotc.runners.protocol import BuildResult, Graph, Request
 
@@ -25,7 +25,7 @@ def precompile_calls(recs: list[Record]) -> list[Graph]:
 
 def flag_error(launch_env: dict[str, str], entry: dict) -> str | None:
     """The fingerprint predicts the flags a stock server's engine core hashes (implied_flags once per
-    import, the twin's device count once; aotc.fingerprint.xla_flags); this process started as that engine
+    import, the twin's device count once; aotc.runners.flags.xla_flags); this process started as that engine
     core does: check it did."""
     expected = xla_flags(launch_env, RUNNER, entry_flags=implied_flags(Entry.from_dict(entry)))
     actual = effective_flags()

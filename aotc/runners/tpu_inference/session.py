@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.fingerprint import xla_flags
+from aotc.runners.flags import xla_flags
 from aotc.matrix import Entry
 from aotc.runners import traffic
 

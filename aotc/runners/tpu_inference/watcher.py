@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from aotc.guard import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
+from aotc.runners.watching import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
                         when_imported)
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
