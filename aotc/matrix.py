@@ -28,7 +28,7 @@ NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
 
 
-class _Strict(BaseModel):
+class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -69,7 +69,7 @@ class EngineArgs(BaseModel):
     num_gpu_blocks_override: PositiveInt | None = None
 
 
-class RunnerEnv(_Strict):
+class RunnerEnv(_Frozen):
     """Environment variables vLLM's TPU runner reads while building graphs."""
 
     VLLM_TPU_BUCKET_PADDING_GAP: Annotated[StrictInt, Field(ge=0)] | None = None
@@ -79,7 +79,7 @@ class RunnerEnv(_Strict):
     NEW_MODEL_DESIGN: Literal[0, 1] | None = None  # tpu-inference: the 7-axis mesh (Llama 4's shardings need it)
 
 
-class Settings(_Strict):
+class Settings(_Frozen):
     runner: StrictStr | None = None  # a registered backend (aotc/runners/spec.py)
     device: Literal["tpu", "cpu"] | None = None
     accelerator: StrictStr | None = None
@@ -164,7 +164,7 @@ class ModelSpec(Settings):
         return v
 
 
-class MatrixFile(_Strict):
+class MatrixFile(_Frozen):
     store: StrictStr | None = None
     defaults: Settings = Settings()
     models: Annotated[list[ModelSpec], Field(min_length=1)]

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from aotc.build import BuildReport, EntryBuild
     from aotc.fingerprint import Fingerprint
     from aotc.graphs import BuildPlan, GraphSpec
-    from aotc.verify import VerifyResult
+    from aotc.verify import VerifyReport
 
 
 def render_plans(plans: list[BuildPlan], console) -> None:
@@ -116,7 +116,7 @@ def _count(n: int | None) -> str:
     return "-" if n is None else str(n)
 
 
-def render_verify(result: VerifyResult, console) -> None:
+def render_verify(result: VerifyReport, console) -> None:
     from rich.table import Table
 
     table = Table(title=f"aotc verify {result.entry}", title_justify="left")
@@ -240,19 +240,17 @@ def render_fetch(result: Any, console: Any) -> None:
                   f"{cached}")
 
 
-def render_completeness(report: Any) -> None:
-    for row in report.missing:
-        print(f"aotc: not published: {row.entry} {row.fingerprint[:16]} in {report.store}", file=sys.stderr)
-    print(f"aotc: {len(report.entries) - len(report.missing)}/{len(report.entries)} entries of {report.config} "
-          f"published in {report.store}", file=sys.stderr)
+def completeness_lines(report: Any) -> list[str]:
+    return [f"not published: {row.entry} {row.fingerprint[:16]} in {report.store}" for row in report.missing] + [
+        f"{len(report.entries) - len(report.missing)}/{len(report.entries)} entries of {report.config} "
+        f"published in {report.store}"]
 
 
-def render_leases(decisions: list[Any]) -> None:
+def lease_lines(decisions: list[Any]) -> list[str]:
+    lines = []
     for d in decisions:
         age = "unknown age" if d.lease.age is None else f"age {d.lease.age:.0f}s"
         verb = "removed" if d.removed else "refused to remove"
         hint = "" if d.removed else "; --force removes it anyway"
-        print(f"aotc: {verb} {d.lease.kind} lease {one_line(d.lease.url)} ({age}): {one_line(d.checked)}{hint}",
-              file=sys.stderr)
-    if not decisions:
-        print("aotc: no matching lease", file=sys.stderr)
+        lines.append(f"{verb} {d.lease.kind} lease {one_line(d.lease.url)} ({age}): {one_line(d.checked)}{hint}")
+    return lines or ["no matching lease"]

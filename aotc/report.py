@@ -1,7 +1,7 @@
 """``aotc report``: one self-contained HTML page showing what a build or a store holds.
 
 Two halves: ``build_report`` / ``store_report`` gather data (frozen records, no HTML), and
-``render_build`` / ``render_store`` turn it into a page with inline CSS and SVG and no script, so it
+``html_build`` / ``html_store`` turn it into a page with inline CSS and SVG and no script, so it
 reads offline as a CI artifact or from a bucket. Entry names, fingerprint inputs and store paths are
 user data: every text goes through ``el``/``esc``, which escape anything not already built by them.
 """
@@ -276,7 +276,7 @@ def _fmt_time(text: str) -> str:
 # --- build page ------------------------------------------------------------------------------------
 
 
-def render_build(data: BuildData) -> str:
+def html_build(data: BuildData) -> str:
     title = "aotc build report"
     subtitle = (f"{len(data.entries)} entries · {len(data.families)} graph families · generated "
                 f"{_fmt_time(data.generated)} UTC by aotc {__version__}")
@@ -418,7 +418,7 @@ def _inputs(data: BuildData) -> Safe:
 # --- store page ------------------------------------------------------------------------------------
 
 
-def render_store(data: StoreData) -> str:
+def html_store(data: StoreData) -> str:
     info = data.info
     title = "aotc store report"
     subtitle = f"{info.url} · {len(info.entries)} entries · generated {_fmt_time(data.generated)} UTC"
