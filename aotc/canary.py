@@ -39,7 +39,8 @@ from aotc.matrix import Entry, load_matrix
 from aotc.runners.lora import ADAPTER_NAME, write_adapter
 from aotc.runners.spec import load_runner
 from aotc.runners.traffic import lora_slots
-from aotc.server import Server, ServerCommand, free_port, lora_module_map, serve_command
+from aotc.processes import free_port
+from aotc.server import Server, ServerCommand, lora_module_map, serve_command
 
 LOADABILITY_REFERENCE = "pytorch/xla#9094"
 # The guard's series on vLLM's /metrics (aotc/guard_metrics.py), e.g. aotc_compiles_after_ready_total{family="cached"} 1.0

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from aotc.processes import exit_now
 from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, NotFoundInStore
 
 ENV_REQUIRE = "AOTC_REQUIRE"  # fetch --optional: "1" turns a missing artifact back into exit 3
@@ -150,10 +151,10 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
             if not abandoned:
                 raise
             print(f"aotc: error: {exc}", file=sys.stderr)
-            _exit_now(exc.exit_code)
+            exit_now(exc.exit_code)
         code = continue_without_artifact(exc, args.dest, out)
         if abandoned:
-            _exit_now(code)
+            exit_now(code)
         return code
     out.emit(result.to_dict(), lambda: render_fetch(result, console()))
     return 0
@@ -177,13 +178,6 @@ def node_cache(args: argparse.Namespace) -> Any:
             raise_usage(f"--cache-dir {root}: {exc.strerror or exc}")
         warn(f"node cache {root}: {exc.strerror or exc}; fetching from the store")  # read-only, full
         return None
-
-
-def _exit_now(code: int) -> None:
-    """After an abandoned fetch: leave without joining the stalled thread's pools."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def fetch_required() -> bool:

@@ -21,6 +21,7 @@ from aotc import __version__
 from aotc.errors import BadInput
 from aotc.fingerprint import diff_inputs, flatten
 from aotc.manifest import RUNTIME, STARTUP, GraphRecord, Manifest, VerifySummary
+from aotc.graphs import graph_key
 from aotc.plan import BuildPlan, plan_entry
 from aotc.store import GcStrategy, Store, StoreInfo, human_size, scan_store
 
@@ -117,19 +118,15 @@ def canary_of(artifact_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
 
 def entry_cells(graphs: tuple[GraphRecord, ...], plan: BuildPlan | None) -> dict[str, Cell]:
     """Planned vs recorded, per family; a planned graph counts as missing when no record has a key."""
-    with_keys = {_graph_key(g.family, g.shape) for g in graphs if g.keys}
+    with_keys = {graph_key(g.family, g.shape) for g in graphs if g.keys}
     planned = Counter(g.family for g in plan.graphs) if plan else Counter()
-    missing = Counter(g.family for g in plan.graphs if _graph_key(g.family, g.shape_dict) not in with_keys) \
+    missing = Counter(g.family for g in plan.graphs if graph_key(g.family, g.shape_dict) not in with_keys) \
         if plan else Counter()
     compiled = Counter(g.family for g in graphs if g.keys and g.family != RUNTIME)
     runtime = Counter(_runtime_family(g, planned) for g in graphs if g.family == RUNTIME and g.keys)
     families = [*planned, *(f for f in (*compiled, *runtime) if f not in planned)]
     return {f: Cell(planned=planned[f] if plan else None, compiled=compiled[f], runtime=runtime[f],
                     missing=missing[f]) for f in families}
-
-
-def _graph_key(family: str, shape: dict[str, Any]) -> str:
-    return json.dumps([family, shape], sort_keys=True)
 
 
 def _runtime_family(graph: GraphRecord, planned: Counter) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.engine_args import cli_flags
+from aotc.processes import update_env
 from aotc.matrix import Entry
 from aotc.runners.spec import load_runner
 
@@ -49,11 +50,7 @@ class ServerCommand:
 
     def process_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         merged = dict(os.environ if base is None else base)
-        for key, value in self.env.items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
+        update_env(merged, self.env)
         return merged
 
 
@@ -205,10 +202,3 @@ def health(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def free_port() -> int:
-    """A port the kernel picks at random (for tests and the canary; pods use their own)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

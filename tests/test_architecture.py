@@ -18,7 +18,7 @@ PACKAGE = REPO / "aotc"
 BACKENDS = ("aotc.runners.vllm_tpu", "aotc.runners.tpu_inference")
 INTERFACE = "aotc.runners"
 # Data types and helpers every layer may use; each imports only other leaves and the runner spec.
-LEAVES = frozenset({"aotc.errors", "aotc.files", "aotc.engine_args", "aotc.graphs", "aotc.matrix"})
+LEAVES = frozenset({"aotc.errors", "aotc.files", "aotc.processes", "aotc.engine_args", "aotc.graphs", "aotc.matrix"})
 
 
 def module_name(path: Path) -> str:
