@@ -351,10 +351,12 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
                 raise MatrixError(file, f"models[{index}].name",
                                   f"duplicate entry name {name!r} (also from {seen[name]})")
             seen[name] = f"models[{index}]"
+            engine = _with_local_draft({**settings["engine"], **chosen}, base_dir, file,
+                                       f"{where}.{'matrix' if 'speculative_config' in chosen else 'engine'}")
             entry = Entry(name=name, model_name=model.name, model=model.model, revision=model.revision,
                           max_model_len=len_, max_num_seqs=seqs, max_num_batched_tokens=tok,
                           tensor_parallel_size=tp, model_path=str(model_path) if model_path else None,
-                          **{**settings, "engine": {**settings["engine"], **chosen}})
+                          **{**settings, "engine": engine})
             _check_entry(entry, with_hf_overrides(hf_config, entry.engine), file, where)
             entries.append((entry, where, frozenset(swept)))
     if check_stack:
@@ -383,6 +385,19 @@ def _local_model_dir(model: str, base_dir: Path) -> Path | None:
         candidate = base_dir / candidate
     looks_like_path = model.startswith(("/", "./", "../", "~")) or candidate.is_dir()
     return candidate.resolve() if looks_like_path else None
+
+
+def _with_local_draft(engine: dict[str, Any], base_dir: Path, file: str, where: str) -> dict[str, Any]:
+    """A speculative draft model given as a local dir lies beside the matrix, as ``model:`` does; the runner
+    (another process, another cwd) gets its absolute path."""
+    spec = engine.get("speculative_config")
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
+        return engine
+    draft = _local_model_dir(spec["model"], base_dir)
+    if draft is None:
+        return engine
+    _read_model_config(draft, file, f"{where}.speculative_config")
+    return {**engine, "speculative_config": {**spec, "model": str(draft)}}
 
 
 def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]:

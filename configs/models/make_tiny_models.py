@@ -2,7 +2,9 @@
 tokenizer (tiny-llama's), for dummy-weight builds on the CPU twins. No weights, nothing from a hub.
 
 Each config is the architecture's real config.json shape with every size cut down: 2 layers, hidden 64,
-the demo's 512-token vocabulary. Run once after editing ZOO; the output is committed.
+the demo's 512-token vocabulary. Run once after editing ZOO or DRAFTS; the output is committed.
+
+A speculative-decoding draft (DRAFTS) is a config.json alone: vLLM gives a draft the target's tokenizer.
 
     python configs/models/make_tiny_models.py
 """
@@ -57,16 +59,28 @@ ZOO: dict[str, dict] = {
                      "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "truncate": False, "original_max_position_embeddings": 64},
                      "router_aux_loss_coef": 0.9, "output_router_logits": False},
+    # An EAGLE-3 target: tpu-inference's JAX Llama hands the drafter the hidden states entering layers
+    # (2, n // 2, n - 3) (LlamaModel.get_eagle3_aux_hidden_state_layers), three distinct layers from 8 on.
+    "tiny-llama-8-layers": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
+                            "attention_bias": False, "mlp_bias": False},
+}
+
+# EAGLE-3 drafts as published: one decoder layer over the target's three hidden states concatenated
+# (target_hidden_size), logits over a draft vocabulary mapped into the target's (draft_vocab_size). vLLM names
+# the architecture Eagle3<arch> (EAGLEConfig), tpu-inference's Eagle3LlamaForCausalLM.
+DRAFTS: dict[str, dict] = {
+    "tiny-llama-eagle3": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+                          "target_hidden_size": COMMON["hidden_size"], "draft_vocab_size": 256},
 }
 
 
-def write(name: str, fields: dict) -> Path:
+def write(name: str, fields: dict, tokenizer: bool = True) -> Path:
     out = HERE / name
     out.mkdir(exist_ok=True)
     # A config that nests its text model (text_config) holds the common sizes there only.
     config = fields if "text_config" in fields else {**COMMON, **fields}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for file in TOKENIZER_FILES:
+    for file in TOKENIZER_FILES if tokenizer else ():
         shutil.copyfile(TOKENIZER / file, out / file)
     return out
 
@@ -74,6 +88,8 @@ def write(name: str, fields: dict) -> Path:
 def main() -> None:
     for name, fields in ZOO.items():
         print(write(name, fields))
+    for name, fields in DRAFTS.items():
+        print(write(name, fields, tokenizer=False))
 
 
 if __name__ == "__main__":
