@@ -30,7 +30,6 @@ from aotc.graphs import BuildPlan, GraphSpec
 from aotc.plan import plan_entry
 from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
                                    read_result)
-from aotc.runners.spec import load_runner
 from aotc.files import replace_dir, sha256_file
 from aotc.reuse import Seed, published_artifact, seed_cache, settle, take_published
 from aotc.store import Store
@@ -153,7 +152,7 @@ def build_entry(plan: BuildPlan, out: Path, options: BuildOptions = BuildOptions
         return taken
     events.started(entry.name, len(plan.graphs))
     planned_families = plan.families()
-    loads = load_runner(entry.runner).cache_loads
+    loads = entry.backend.cache_loads
     try:
         seeded = seed_cache(store, fingerprint.inputs, staging / CACHE_DIR_NAME) \
             if store is not None and loads else Seed()
@@ -270,7 +269,7 @@ def run_runner(mode: Mode, plan: BuildPlan, cache_dir: Path, work_dir: Path,
     request_path.write_text(request.model_dump_json(indent=1))
     result_path.unlink(missing_ok=True)
     log_path = work_dir / f"{mode}.log"
-    spec = load_runner(plan.entry.runner)
+    spec = plan.entry.backend
     read_fd, write_fd = os.pipe()
     try:
         with open(log_path, "w") as log:

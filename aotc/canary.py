@@ -37,7 +37,6 @@ from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
 from aotc.runners.lora import ADAPTER_NAME, write_adapter
-from aotc.runners.spec import load_runner
 from aotc.runners.traffic import lora_slots
 from aotc.processes import free_port
 from aotc.server import Server, ServerCommand, lora_module_map, serve_command
@@ -211,7 +210,7 @@ def fetch(config: str, entry: str, store: str | None, dest: Path, command: Serve
 def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, manifest: Manifest,
                result: CanaryResult, requests: int, seed: int, log, adapters: Adapters | None = None) -> None:
     adapters = adapters or Adapters()
-    cache_log = runner_cache_log(entry.runner)
+    cache_log = entry.backend.cache_log()
     command = ServerCommand(command.argv, {**command.env, **cache_log.get("env", {})}, command.host, command.port)
     server_log = work / "server.log"
     before = Snapshot.of(cache)
@@ -223,7 +222,7 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         log(f"ready after {result.ready_seconds} s; driving {requests} requests")
         models = adapters.models(command.model)
         bench = run_bench(entry, command, work, requests, seed, models)
-        unserved = load_runner(entry.runner).unserved
+        unserved = entry.backend.unserved
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
         mix = run_sampling_mix(command, entry, skip=tuple(unserved), models=models)
         result.adapters = list(adapters.named)
@@ -260,12 +259,6 @@ def phase(before: Snapshot, after: Snapshot, log_text: str, cache_log: dict[str,
 def cache_key(path: str) -> str:
     """A cache file's key: its name without the stack's suffix (JAX writes ``<key>-cache``)."""
     return path.removesuffix("-cache")
-
-
-def runner_cache_log(runner: str) -> dict[str, Any]:
-    """The runner's per-lookup log, if its stack has one: {"env": ..., "hit": regex, "miss": regex}, each
-    regex with two groups (graph name, cache key). Logging only: no key changes."""
-    return load_runner(runner).cache_log()
 
 
 def name_graphs(manifest: Manifest, keys: Iterable[str]) -> list[str]:

@@ -18,7 +18,7 @@ from aotc.engine_args import graph_args
 from aotc.files import sha256_file
 from aotc.matrix import Entry
 from aotc.runners.flags import xla_flags
-from aotc.runners.spec import load_runner, runner_versions
+from aotc.runners.spec import runner_versions
 
 # 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
 #    process of a stock server); the pinned KV block count; versions from the runner's pins without its venv.
@@ -46,7 +46,7 @@ def digest_of(inputs: dict[str, Any]) -> str:
 def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
     """The runner-read variables as the build will set them: the config's value, else what the runner
     implies for the entry (``RunnerSpec.implied_env``), else the process's."""
-    runner = load_runner(entry.runner)
+    runner = entry.backend
     implied = runner.implied_env(entry)
     env = {}
     for var in runner.env_vars:
@@ -68,7 +68,7 @@ def code_digest(modules: tuple[str, ...]) -> str:
 
 def twin_digest(entry: Entry) -> str | None:
     """The CPU twin's code in the entry's graphs (``RunnerSpec.twin_modules``); None off the twin."""
-    modules = load_runner(entry.runner).twin_modules
+    modules = entry.backend.twin_modules
     return code_digest(modules) if entry.device == "cpu" and modules else None
 
 
@@ -97,12 +97,12 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         # every vllm serve argument the matrix set, but those a pod chooses freely (aotc/engine_args.py)
         "engine": graph_args(entry.engine),
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
-        "kv_blocks": load_runner(entry.runner).kv_blocks(entry),
+        "kv_blocks": entry.backend.kv_blocks(entry),
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
-        "xla_flags": xla_flags(environ, entry.runner, entry_flags=load_runner(entry.runner).entry_flags(entry)),
+        "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry.backend.entry_flags(entry)),
     }
-    if (mesh := load_runner(entry.runner).mesh(entry)) is not None:
+    if (mesh := entry.backend.mesh(entry)) is not None:
         inputs["mesh"] = mesh
     if (twin := twin_digest(entry)) is not None:
         inputs["twin"] = twin

@@ -7,6 +7,7 @@ a key would otherwise silently build the wrong cache, which a pod only discovers
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -20,7 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Stric
 
 from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
-from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner, runner_python, runner_versions
+from aotc.runners.spec import DEFAULT_RUNNER, RunnerSpec, UnknownRunner, load_runner, runner_python, runner_versions
 
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
@@ -192,6 +193,11 @@ class Entry:
     engine: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None  # absolute local directory when ``model`` is one
+
+    @functools.cached_property
+    def backend(self) -> RunnerSpec:
+        """The entry's runner, resolved once (``load_runner``); every hook the core calls goes through it."""
+        return load_runner(self.runner)
 
     @property
     def model_config_path(self) -> Path | None:
@@ -415,7 +421,7 @@ def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]
 
 def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) -> None:
     """What vLLM itself rejects at start-up (the runner's rules) and what cannot run on the named TPU."""
-    runner = load_runner(entry.runner)
+    runner = entry.backend
     if entry.device not in runner.devices:
         raise MatrixError(file, where + ".device",
                           f"runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}")

@@ -11,13 +11,12 @@ import json
 from aotc.engine_args import with_hf_overrides
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.matrix import Entry
-from aotc.runners.spec import load_runner
 
 __all__ = ["BuildPlan", "GraphSpec", "plan_entry", "plan_entries"]
 
 
 def plan_entry(entry: Entry) -> BuildPlan:
-    runner = load_runner(entry.runner)
+    runner = entry.backend
     graphs = tuple(runner.capture_plan(entry, hf_config(entry)))
     return BuildPlan(entry, graphs, runner.bucket_summary(entry))
 

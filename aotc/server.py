@@ -23,7 +23,6 @@ from typing import Any
 from aotc.engine_args import cli_flags
 from aotc.processes import update_env
 from aotc.matrix import Entry
-from aotc.runners.spec import load_runner
 
 # The positional model argument; everything else becomes --flag value.
 MODEL_ARG = "model"
@@ -57,7 +56,7 @@ class ServerCommand:
 def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
     """The runner's engine arguments and env for the stock server, with the matrix's env on top."""
     try:
-        args, env = load_runner(entry.runner).serve(entry.to_dict(), str(cache_dir))
+        args, env = entry.backend.serve(entry.to_dict(), str(cache_dir))
     except NotImplementedError as exc:
         raise ValueError(str(exc)) from None
     env = {**env, **{k: str(v) for k, v in entry.env.items()}}

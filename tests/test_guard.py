@@ -137,9 +137,9 @@ def test_guard_mode(value, mode):
 
 
 def test_import_and_register_are_free_when_unset():
-    code = ("import sys, aotc.guard as g; g.register(); "
+    code = ("import sys, aotc.guard as g, aotc.runners.watching as w; g.register(); "
             "print(sorted(m for m in ('torch', 'torch_xla', 'vllm', 'yaml', 'pydantic', 'aotc.matrix') "
-            "if m in sys.modules), any(isinstance(f, g._PostImportHook) for f in sys.meta_path))")
+            "if m in sys.modules), any(isinstance(f, w._PostImportHook) for f in sys.meta_path))")
     env = {k: v for k, v in os.environ.items() if k != "AOTC_GUARD"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["[]", "False"]
@@ -151,7 +151,7 @@ def test_steps_are_patched_once_when_the_worker_module_is_imported(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "worker.py").write_text("class TPUWorker:\n" + "".join(
         f"    def {m}(self, *a): return '{m}'\n" for m in ("execute_model", "sample_tokens")))
-    code = ("import aotc.guard as g; seen = []\n"
+    code = ("import aotc.runners.watching as g; seen = []\n"
             "patch = lambda m: g.patch_steps(m.TPUWorker, lambda w, what, s: seen.append((what, s)))\n"
             "g.when_imported('fakevllm.worker', patch); g.when_imported('fakevllm.worker', patch)\n"
             "from fakevllm.worker import TPUWorker as W; w = W(); w.execute_model('sched'); w.sample_tokens(None)\n"
