@@ -222,7 +222,7 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         log(f"ready after {result.ready_seconds} s; driving {requests} requests")
         models = adapters.models(command.model)
         bench = run_bench(entry, command, work, requests, seed, models)
-        unserved = entry.backend.unserved
+        unserved = unserved_options(entry)
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
         mix = run_sampling_mix(command, entry, skip=tuple(unserved), models=models)
         result.adapters = list(adapters.named)
@@ -311,6 +311,20 @@ def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, s
     keep = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "mean_ttft_ms",
             "max_concurrency", "duration")
     return {**{k: doc[k] for k in keep if k in doc}, "failed": max(0, requests - completed), "problems": []}
+
+
+# What vLLM's front end refuses with speculative decoding, whatever the stack (HTTP 400: "The min_p and
+# logit_bias sampling parameters are not yet supported with speculative decoding").
+SPECULATIVE_UNSERVED = {"min_p": "vLLM refuses min_p with speculative decoding"}
+
+
+def unserved_options(entry: Entry) -> dict[str, str]:
+    """Request options the stock server cannot serve for this entry: the stack's (RunnerSpec.unserved), and
+    with speculative decoding vLLM's own refusals."""
+    unserved = dict(entry.backend.unserved)
+    if entry.engine.get("speculative_config"):
+        unserved.update(SPECULATIVE_UNSERVED)
+    return unserved
 
 
 def sampling_mix(entry: Entry) -> list[dict[str, Any]]:
