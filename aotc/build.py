@@ -23,6 +23,7 @@ from typing import Any
 from aotc import __version__
 from aotc.errors import BadInput
 from aotc.fingerprint import Fingerprint, fingerprint_entry, runner_python
+from aotc.kv import pin_kv
 from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.graphs import BuildPlan, GraphSpec
@@ -110,7 +111,9 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     selected = shard_entries(matrix.select(entries), shard)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plans = [plan_entry(e) for e in selected]
+    # the KV page count in every entry's engine arguments: the runner, the manifest's build.entry (verify
+    # plans from it) and the fingerprint all carry the one the stack sized (aotc/kv.py)
+    plans = [plan_entry(pin_kv(e, runner_env(e))) for e in selected]
     start = time.perf_counter()
     events = events or BuildEvents()
     with ThreadPoolExecutor(max_workers=jobs) as pool:

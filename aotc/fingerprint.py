@@ -157,12 +157,6 @@ def _runner_buckets(entry: Entry):
     return load_runner(entry.runner).load("buckets")
 
 
-def kv_blocks(entry: Entry) -> int | None:
-    """The KV-cache page count the runner pins (a shape in its graphs); None for a runner without one."""
-    rule = getattr(_runner_buckets(entry), "kv_blocks", None)
-    return rule(entry) if rule else None
-
-
 def entry_implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
     """Flags the runner adds for this entry (the twin's virtual device count), from its buckets module."""
     implied = getattr(_runner_buckets(entry), "implied_flags", None)
@@ -193,7 +187,14 @@ def model_config_digest(entry: Entry) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
 
 
-def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> dict[str, Any]:
+_SIZED = object()
+
+
+def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> dict[str, Any]:
+    """``kv_blocks``: the KV page count when it is known otherwise (the running engine's, a manifest's);
+    by default the entry's (aotc/kv.py: the matrix's override, else the stack's sizing)."""
+    from aotc.kv import OVERRIDE, entry_kv_blocks
+
     environ = dict(os.environ if environ is None else environ)
     model_digest = model_config_digest(entry)
     inputs = {
@@ -211,9 +212,10 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "max_num_batched_tokens": entry.max_num_batched_tokens,
         "tensor_parallel_size": entry.tensor_parallel_size,
         # every vllm serve argument the matrix set, but those a pod chooses freely (aotc/engine_args.py)
-        "engine": graph_args(entry.engine),
+        # the page count once, under kv_blocks: pinned by the matrix or sized by the stack, the same graphs
+        "engine": {k: v for k, v in graph_args(entry.engine).items() if k != OVERRIDE},
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
-        "kv_blocks": kv_blocks(entry),
+        "kv_blocks": entry_kv_blocks(entry, environ) if kv_blocks is _SIZED else kv_blocks,
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
         "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry_implied_flags(entry)),
@@ -225,8 +227,8 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
     return inputs
 
 
-def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None) -> Fingerprint:
-    inputs = fingerprint_inputs(entry, environ)
+def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> Fingerprint:
+    inputs = fingerprint_inputs(entry, environ, kv_blocks)
     return Fingerprint(digest_of(inputs), inputs)
 
 

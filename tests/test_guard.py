@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from aotc import guard, guard_metrics
-from aotc.fingerprint import fingerprint_entry, kv_blocks
+from aotc.fingerprint import fingerprint_entry
+from aotc.kv import entry_kv_blocks as kv_blocks
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
@@ -86,7 +87,8 @@ def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
 
 
 def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
-    entry = load_matrix(CONFIGS / "demo-jax.yaml").entries[0]
+    # a pinned page count: this is about flags, not the stack's KV sizing
+    entry = replace(load_matrix(CONFIGS / "demo-jax.yaml").entries[0], engine={"num_gpu_blocks_override": 64})
     launch = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     write_manifest(tmp_path, entry, launch)
     implied = load_runner("tpu-inference").implied_flags

@@ -58,6 +58,11 @@ class RunnerSpec:
     validate: str | None = None
     """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry, one problem a
     line as ``KEY.PATH: reason`` with the key path relative to the model (``env.X: ...``); [] when valid."""
+    kv_size: str | None = None
+    """Module run as ``python -m <module>`` with an entry's JSON on stdin that prints ``{"kv_blocks": N}``: the
+    KV page count the stack itself sizes for the entry on its device (aotc/kv.py); it names the variables
+    that sizing reads besides the fingerprint's in ``SIZING_ENV``. None: the full-length rule (buckets
+    ``kv_page_size(entry)``)."""
     twin_modules: tuple[str, ...] = ()
     """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
     its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""

@@ -35,6 +35,7 @@ SPEC = RunnerSpec(
     watcher="aotc.runners.tpu_inference.watcher:Watcher",
     validate="aotc.runners.tpu_inference.rules:validate",
     cache_loads=True,
+    kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
                   "aotc.runners.tpu_inference.twin_moe"),
 )
