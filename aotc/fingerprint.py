@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from aotc import kv
 from aotc.engine_args import graph_args
-from aotc.files import sha256_file
+from aotc.files import canonical_json, sha256_file
 from aotc.matrix import Entry
 from aotc.runners.flags import xla_flags
+from aotc.runners.paddings import full_length_blocks
 from aotc.runners.spec import runner_versions
 
 # 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
@@ -33,10 +34,6 @@ class Fingerprint:
     @property
     def short(self) -> str:
         return self.digest[:12]
-
-
-def canonical_json(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def digest_of(inputs: dict[str, Any]) -> str:
@@ -77,7 +74,37 @@ def model_config_digest(entry: Entry) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
 
 
-def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> dict[str, Any]:
+_SIZED = object()
+
+
+def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size: bool = True) -> int | None:
+    """The KV page count the entry pins; None for a runner that pins none. The matrix's override, else the
+    stack's own sizing keyed by every other fingerprint input (``RunnerSpec.kv_size``, aotc/kv.py), else the
+    full-length rule. ``size=False``: never start the stack (an init container has neither it nor the
+    accelerator); a sizing not on disk raises ``KvNotSized``."""
+    if (pinned := kv.override(entry)) is not None:
+        return pinned
+    environ = dict(os.environ if environ is None else environ)
+    if entry.backend.kv_size:
+        key = {"inputs": fingerprint_inputs(entry, environ, kv_blocks=None),
+               "sizing_env": {var: environ.get(var) for var in entry.backend.kv_sizing_env()}}
+        return kv.stack_kv_blocks(entry, environ, key, size=size)
+    page = entry.backend.kv_page_size(entry)
+    return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page) if page else None
+
+
+def pin_kv(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: int | None = None) -> Entry:
+    """The entry with its page count written into its engine arguments, as build, verify and the stock
+    server pass it (``kv_blocks``: a count already known, e.g. a manifest's)."""
+    blocks = kv_blocks if kv_blocks is not None else entry_kv_blocks(entry, environ)
+    if blocks is None or kv.override(entry) == blocks:
+        return entry
+    return replace(entry, engine={**entry.engine, kv.OVERRIDE: blocks})
+
+
+def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> dict[str, Any]:
+    """``kv_blocks``: the KV page count when it is known otherwise (the running engine's, a manifest's);
+    by default the entry's (aotc/kv.py: the matrix's override, else the stack's sizing)."""
     environ = dict(os.environ if environ is None else environ)
     model_digest = model_config_digest(entry)
     inputs = {
@@ -95,9 +122,10 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "max_num_batched_tokens": entry.max_num_batched_tokens,
         "tensor_parallel_size": entry.tensor_parallel_size,
         # every vllm serve argument the matrix set, but those a pod chooses freely (aotc/engine_args.py)
-        "engine": graph_args(entry.engine),
+        # the page count once, under kv_blocks: pinned by the matrix or sized by the stack, the same graphs
+        "engine": {k: v for k, v in graph_args(entry.engine).items() if k != kv.OVERRIDE},
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
-        "kv_blocks": entry.backend.kv_blocks(entry),
+        "kv_blocks": entry_kv_blocks(entry, environ) if kv_blocks is _SIZED else kv_blocks,
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
         "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry.backend.entry_flags(entry)),
@@ -109,8 +137,8 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
     return inputs
 
 
-def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None) -> Fingerprint:
-    inputs = fingerprint_inputs(entry, environ)
+def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> Fingerprint:
+    inputs = fingerprint_inputs(entry, environ, kv_blocks)
     return Fingerprint(digest_of(inputs), inputs)
 
 

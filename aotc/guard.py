@@ -196,11 +196,11 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
         return CacheCheck("unreadable", f"cannot read {path}: {exc}; treating the cache as unknown")
     live = dict(os.environ if environ is None else environ)
     environ = launch_environ(live)
-    ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ)
+    # the page count this engine was told (None: vLLM sizes it from memory), never one sized here again
+    ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ,
+                              kv_blocks=vllm_config.cache_config.num_gpu_blocks_override)
     if live_flags:  # what the compiler hashes here: every copy the API server and this process prepended
         ours["xla_flags"] = xla_flags(live, runner, imports=0)
-    if "kv_blocks" in ours:  # what this engine was told, not what its entry implies: a pod may differ
-        ours["kv_blocks"] = vllm_config.cache_config.num_gpu_blocks_override
     digest = digest_of(ours)
     where = f"cache {cache_dir} (entry {manifest.entry}, fingerprint {manifest.fingerprint[:16]})"
     if digest == manifest.fingerprint:

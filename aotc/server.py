@@ -53,8 +53,14 @@ class ServerCommand:
         return merged
 
 
-def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """The runner's engine arguments and env for the stock server, with the matrix's env on top."""
+def serve_settings(entry: Entry, cache_dir: str, kv_blocks: int | None = None
+                   ) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """The runner's engine arguments and env for the stock server, with the matrix's env on top. The KV page
+    count is pinned as the build pinned it (fingerprint.pin_kv), or to ``kv_blocks`` (the count a build on the pod's
+    hardware recorded in its manifest)."""
+    from aotc.fingerprint import pin_kv
+
+    entry = pin_kv(entry, kv_blocks=kv_blocks)
     try:
         args, env = entry.backend.serve(entry.to_dict(), str(cache_dir))
     except NotImplementedError as exc:
@@ -77,10 +83,11 @@ def vllm_executable(runner: str, environ: Mapping[str, str] | None = None) -> st
 
 def serve_command(entry: Entry, cache_dir: str | Path, port: int, *, host: str = "127.0.0.1",
                   guard: str | None = "strict", environ: Mapping[str, str] | None = None,
-                  lora_modules: Mapping[str, str] | None = None) -> ServerCommand:
+                  lora_modules: Mapping[str, str] | None = None, kv_blocks: int | None = None) -> ServerCommand:
     """The stock ``vllm serve`` for ``entry`` reading its cache from ``cache_dir``; ``lora_modules`` (name ->
-    adapter dir) are served besides any the matrix names (pod-only: they change no graph)."""
-    args, env = serve_settings(entry, str(cache_dir))
+    adapter dir) are served besides any the matrix names (pod-only: they change no graph); ``kv_blocks``: see
+    ``serve_settings``."""
+    args, env = serve_settings(entry, str(cache_dir), kv_blocks)
     if guard is not None:
         env["AOTC_GUARD"] = guard
     modules = {**lora_module_map(args.pop(LORA_MODULES_ARG, None)), **(lora_modules or {})}

@@ -14,6 +14,7 @@ import pytest
 
 from aotc import guard, guard_metrics
 from aotc.fingerprint import fingerprint_entry
+from aotc.fingerprint import entry_kv_blocks
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
@@ -30,7 +31,7 @@ ENV = {"AOTC_CPU_TWIN": "1", "XLA_FLAGS": "--xla_dump_to=/tmp/x", "VLLM_TPU_BUCK
 
 
 def pinned_kv(entry) -> int:
-    return load_runner(entry.runner).kv_blocks(entry)
+    return entry_kv_blocks(entry)
 
 
 def demo_entry():
@@ -91,7 +92,8 @@ def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
 
 
 def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
-    entry = load_matrix(CONFIGS / "demo-jax.yaml").entries[0]
+    # a pinned page count: this is about flags, not the stack's KV sizing
+    entry = replace(load_matrix(CONFIGS / "demo-jax.yaml").entries[0], engine={"num_gpu_blocks_override": 64})
     launch = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     write_manifest(tmp_path, entry, launch)
     implied = load_runner("tpu-inference").implied_flags

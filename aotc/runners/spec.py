@@ -39,7 +39,7 @@ class RunnerSpec:
     """Run as ``python -m <module> {build|verify} REQUEST.json RESULT.json`` (aotc/runners/protocol.py)."""
     buckets: str
     """Module holding the plan-side primitives the default hooks derive from: ``capture_plan(entry, hf_config)``
-    and ``bucket_summary(entry)`` (required), ``kv_blocks``, ``implied_flags``, ``implied_env``, ``mesh``
+    and ``bucket_summary(entry)`` (required), ``kv_page_size``, ``implied_flags``, ``implied_env``, ``mesh``
     (optional, each ``(entry)``). It imports no heavy stack: plan and fingerprint run without one."""
     packages: tuple[str, ...]
     """Distributions whose versions enter the fingerprint (read from metadata, never imported)."""
@@ -57,6 +57,10 @@ class RunnerSpec:
     cache_loads: bool = False
     """The stack reads its persistent cache back: a build may seed it from the store (aotc/reuse.py) and the
     runner's build result lists ``cache_reads`` / ``cache_writes`` (cache file names)."""
+    kv_size: str | None = None
+    """Module run as ``python -m <module>`` with an entry's JSON on stdin that prints ``{"kv_blocks": N}``: the
+    KV page count the stack itself sizes for the entry on its device (aotc/kv.py); its ``SIZING_ENV`` names
+    the variables that sizing reads besides the fingerprint's. None: the full-length rule (``kv_page_size``)."""
     twin_modules: tuple[str, ...] = ()
     """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
     its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
@@ -70,9 +74,14 @@ class RunnerSpec:
         """The padded buckets behind the plan, for ``aotc plan`` and the report."""
         return self._buckets().bucket_summary(entry)
 
-    def kv_blocks(self, entry: Any) -> int | None:
-        """The KV-cache page count the stack's graphs are built for (a shape in them); None: not pinned."""
-        return self._derived("kv_blocks", entry, None)
+    def kv_page_size(self, entry: Any) -> int | None:
+        """Tokens per KV page, for the full-length page count of a runner without ``kv_size`` (aotc/kv.py);
+        None: the runner pins no page count."""
+        return self._derived("kv_page_size", entry, None)
+
+    def kv_sizing_env(self) -> tuple[str, ...]:
+        """Variables the ``kv_size`` module's sizing reads besides the fingerprint's (its ``SIZING_ENV``)."""
+        return tuple(importlib.import_module(self.kv_size).SIZING_ENV) if self.kv_size else ()
 
     def entry_flags(self, entry: Any) -> dict[str, tuple[str, ...]]:
         """XLA_FLAGS / LIBTPU_INIT_ARGS words the runner adds for this entry (e.g. the twin's device count)."""

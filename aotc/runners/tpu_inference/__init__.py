@@ -58,6 +58,7 @@ SPEC = TpuInferenceRunner(
     pins={"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48", "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0",
           "torchax": "0.0.13"},  # requirements/jax.lock
     cache_loads=True,
+    kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
                   "aotc.runners.tpu_inference.twin_moe"),
 )

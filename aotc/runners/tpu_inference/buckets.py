@@ -18,7 +18,6 @@ from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
-from aotc.runners.paddings import kv_blocks as paddings_kv_blocks
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -48,14 +47,6 @@ def build_token_paddings(min_token_size: int, max_token_size: int, padding_gap: 
 def attn_req_paddings(max_num_seqs: int) -> list[int]:
     """runner.utils.get_attn_req_paddings with ATTN_BUCKETIZED_NUM_REQS unset: max_num_seqs only."""
     return [max_num_seqs]
-
-
-def kv_blocks(entry: Entry | dict) -> int:
-    """The pinned KV page count (aotc/runners/paddings.py: kv_blocks) with this stack's page size."""
-    e = entry if isinstance(entry, dict) else entry.to_dict()
-    engine = e.get("engine") or {}
-    page = engine.get("block_size") or page_size(e["max_model_len"])
-    return paddings_kv_blocks(e["max_num_seqs"], e["max_model_len"], page, engine.get("num_gpu_blocks_override"))
 
 
 def kv_packing(entry: Entry) -> int:

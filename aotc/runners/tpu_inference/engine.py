@@ -130,15 +130,9 @@ ENGINE_SEED = 0
 def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
     # A local model as the matrix resolved it (relative paths are relative to the config, not our cwd).
     local = entry.get("model_path")
-    # The KV cache's page count is a shape in every backbone graph: pinned for build, verify and pods.
-    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED,
-                              num_gpu_blocks_override=kv_blocks(entry))
-
-
-def kv_blocks(entry: dict[str, Any]) -> int:
-    from .buckets import kv_blocks as entry_kv_blocks
-
-    return entry_kv_blocks(entry)
+    # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
+    # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree; kv_size.py alone starts without it.
+    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED)
 
 
 def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
