@@ -34,6 +34,10 @@ SPEC = RunnerSpec(
           "torchax": "0.0.13"},  # requirements/jax.lock
     watcher="aotc.runners.tpu_inference.watcher:Watcher",
     validate="aotc.runners.tpu_inference.rules:validate",
+    # tpu_inference TpuPlatform.validate_request raises a plain ValueError, which vLLM 0.32's AsyncLLM.generate
+    # wraps in EngineGenerateError: the refusal reaches the client as HTTP 500 with an empty message.
+    unserved={"seed": "tpu-inference refuses a per-request seed ('JAX does not support per-request seed.', "
+                      "TpuPlatform.validate_request); vLLM 0.32 answers it with HTTP 500 and an empty message"},
     cache_loads=True,
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
                   "aotc.runners.tpu_inference.twin_moe"),
