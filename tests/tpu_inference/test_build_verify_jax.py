@@ -75,16 +75,20 @@ def test_a_missing_cache_file_fails_verify_naming_its_family(jax_env, artifact, 
 
 
 @pytest.mark.slow
-def test_canary_stock_server_loads_every_graph_and_compiles_nothing(jax_env, artifact, tmp_path):
-    from tests.helpers.canary import canary, publish_copy
+def test_canary_stock_server_loads_every_graph_and_compiles_nothing(jax_env, artifact, tmp_path, announce):
+    """Under vLLM's load generator and every request kind users send (penalties, n, logprobs, structured
+    outputs, chat, streaming, chunked prefill, shared prefixes, ...) in the same batches."""
+    from tests.helpers.canary import assert_kinds_served, canary, publish_copy, summary
 
     store, _ = publish_copy(artifact, tmp_path, jax_env)
     code, doc, err = canary(DEMO, ENTRY, store, jax_env)
+    announce(summary(doc))
     assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
     # every start-up lookup of the API server + engine-core server hit the build's keys
     assert doc["startup"]["lookups"] == doc["startup"]["hits"] > 0 and doc["startup"]["new_files"] == []
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
     assert doc["requests"] >= 16 and doc["failed_requests"] == 0 and doc["ready_seconds"] > 0
+    assert_kinds_served(doc, lacking={"lora", "speculative"})
 
 
 @pytest.mark.slow

@@ -57,6 +57,10 @@ SPEC = TpuInferenceRunner(
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
     pins={"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48", "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0",
           "torchax": "0.0.13"},  # requirements/jax.lock
+    # tpu_inference TpuPlatform.validate_request raises a plain ValueError, which vLLM 0.32's AsyncLLM.generate
+    # wraps in EngineGenerateError: the refusal reaches the client as HTTP 500 with an empty message.
+    unserved={"seed": "tpu-inference refuses a per-request seed ('JAX does not support per-request seed.', "
+                      "TpuPlatform.validate_request); vLLM 0.32 answers it with HTTP 500 and an empty message"},
     cache_loads=True,
     kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
