@@ -6,7 +6,9 @@
    ``max_num_seqs``) plus OpenAI-API requests covering the sampling knobs, greedy and random in one batch.
    An entry with ``enable_lora`` serves an adapter (the matrix's ``lora_modules``, else a random one shaped
    for the model, aotc/runners/lora.py); every load names the base model and the adapters mixed, and one
-   more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded.
+   more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded. A
+   vision-language entry also gets chat requests with images (solid and noise PNGs made here, as data URLs,
+   of the sizes the runner's plan names), mixed with text ones and sent at once.
 4. Evidence, strongest first: files the server wrote into the private cache (a new file is a graph the
    artifact lacks; a rewritten one a cached graph compiled again, torch_xla 2.9.0's case); the runner's
    own cache log where it has one (tpu-inference: JAX's per-lookup hit / miss lines, by phase); the
@@ -225,6 +227,7 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         unserved = load_runner(entry.runner).unserved
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
         mix = run_sampling_mix(command, entry, skip=tuple(unserved), models=models)
+        mix = merge_counts(mix, run_image_mix(command, entry))
         result.adapters = list(adapters.named)
         if adapters.runtime:
             runtime = run_runtime_adapter(command, entry, adapters.runtime, tuple(unserved))
@@ -349,6 +352,60 @@ def run_sampling_mix(command: ServerCommand, entry: Entry, skip: tuple[str, ...]
     bodies = (bodies * (1 + entry.max_num_seqs // len(bodies)))[:max(entry.max_num_seqs, len(bodies))]
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         outcomes = list(pool.map(lambda b: post_json(command.url + "/v1/completions", b, timeout), bodies))
+    failed = [o for o in outcomes if isinstance(o, str)]
+    return {"completed": len(outcomes) - len(failed), "failed": len(failed), "errors": sorted(set(failed))[:3]}
+
+
+def image_sizes(entry: Entry) -> tuple[tuple[int, int, int], ...]:
+    """(height, width, tokens) of the images to send: the runner's traffic_images, () for a text model."""
+    from aotc.plan import hf_config
+
+    rules = load_runner(entry.runner).load("buckets")
+    return tuple(rules.traffic_images(entry, hf_config(entry))) if hasattr(rules, "traffic_images") else ()
+
+
+def png_data_url(height: int, width: int, seed: int) -> str:
+    """A solid (even seed) or noise (odd seed) RGB PNG as a data URL."""
+    import base64
+    import io
+    import random
+
+    from PIL import Image
+
+    rng = random.Random(seed)
+    if seed % 2:
+        image = Image.frombytes("RGB", (width, height), rng.randbytes(width * height * 3))
+    else:
+        image = Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def image_mix(entry: Entry, sizes: tuple[tuple[int, int, int], ...]) -> list[dict[str, Any]]:
+    """Chat bodies: each size alone (solid, then noise), two images in one message, and text-only turns."""
+    budget = max(2, entry.max_model_len // 8)
+    bodies = []
+    for i, (height, width, _) in enumerate(sizes):
+        for seed in (2 * i, 2 * i + 1):
+            bodies.append([png_data_url(height, width, seed)])
+    if len(sizes) > 1 and int((entry.engine.get("limit_mm_per_prompt") or {}).get("image", 1)) > 1:
+        bodies.append([png_data_url(h, w, 100 + k) for k, (h, w, _) in enumerate(sizes[:2])])
+    messages = [[{"type": "text", "text": "what is in the picture"},
+                 *({"type": "image_url", "image_url": {"url": url}} for url in urls)] for urls in bodies]
+    messages += [[{"type": "text", "text": "and without a picture"}]] * max(1, len(bodies) // 2)
+    return [{"messages": [{"role": "user", "content": content}], "max_tokens": budget,
+             "temperature": 0.0 if k % 2 else 0.8} for k, content in enumerate(messages)]
+
+
+def run_image_mix(command: ServerCommand, entry: Entry, timeout: float = 300) -> dict[str, Any]:
+    """The image chat requests, all at once (nothing for a text model)."""
+    sizes = image_sizes(entry)
+    if not sizes:
+        return {"completed": 0, "failed": 0, "errors": []}
+    bodies = [{**b, "model": command.model} for b in image_mix(entry, sizes)]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        outcomes = list(pool.map(lambda b: post_json(command.url + "/v1/chat/completions", b, timeout), bodies))
     failed = [o for o in outcomes if isinstance(o, str)]
     return {"completed": len(outcomes) - len(failed), "failed": len(failed), "errors": sorted(set(failed))[:3]}
 

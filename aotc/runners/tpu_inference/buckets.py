@@ -140,9 +140,9 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     if spec:
         graphs += [GraphSpec.of("gather_logprobs_spec", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
     # above MAX_PRECOMPILE_PROMPT_TOKENS the stack's warm-up skips them; a server with prompt_logprobs reaches them,
-    # except with speculative decoding, where vLLM rejects prompt logprobs
+    # except with speculative decoding or a multimodal model, where vLLM rejects prompt logprobs
     graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t, beyond_warmup=t > MAX_PRECOMPILE_PROMPT_TOKENS)
-               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS or not spec]
+               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS or not (spec or multimodal)]
     graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r) for t in tokens for r in p["attn_reqs"]]
     if multimodal:
         graphs += multimodal_graphs(entry, hf_config, p)
@@ -243,7 +243,20 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
         graphs += [GraphSpec.of("input_embeddings_merger", num_tokens=t),
                    GraphSpec.of("input_embeddings_merger_text_only", num_tokens=t)]
     graphs += [GraphSpec.of("backbone_with_embeds", num_tokens=t, num_reqs=p["attn_reqs"][-1]) for t in p["tokens"]]
-    return graphs
+    return graphs + mrope_graphs(entry, hf_config)
+
+
+def mrope_graphs(entry: Entry, hf_config: dict) -> list[GraphSpec]:
+    """Beyond the warm-up: the M-RoPE positions a request's arrival computes (Qwen2.5-VL's
+    get_mrope_input_positions runs small eager JAX ops, each compiled per shape): for a text prompt, ops
+    shaped by its length (every length up to max_model_len); for an image, ops shaped by its grid (the sizes
+    of traffic_images). Not covered, as the number of shapes is quadratic in max_model_len: the concatenation
+    of an image prompt's text and image pieces, shaped by where the image sits in the prompt."""
+    patch = hf_config["vision_config"].get("patch_size", 14)
+    grids = dict.fromkeys(f"1x{h // patch}x{w // patch}" for h, w, _ in traffic_images(entry, hf_config))
+    graphs = [GraphSpec.of("mrope_positions", beyond_warmup=True, prompt_len=n)
+              for n in range(1, entry.max_model_len + 1)]
+    return graphs + [GraphSpec.of("mrope_positions", beyond_warmup=True, image_grid=grid) for grid in grids]
 
 
 def _pairs(outer: list[int], inner: list[int]) -> list[tuple[int, int]]:

@@ -46,10 +46,12 @@ class Session:
 
     def drive_traffic(self, seed: int, requests: int) -> int:
         p = buckets.paddings_for(self.entry)
-        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"],
-                                   token_buckets=p["tokens"])
         entry = Entry.from_dict(self.entry)
-        if images := buckets.traffic_images(entry, hf_config(entry)):
+        images = buckets.traffic_images(entry, hf_config(entry))
+        # vLLM rejects prompt logprobs for a multimodal model
+        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=() if images else p["tokens"],
+                                   token_buckets=p["tokens"])
+        if images:
             limits = dataclasses.replace(limits, image_sizes=images, images_per_prompt=buckets.images_per_prompt(entry),
                                          image_placeholder=engine.image_placeholder(self.llm))
         batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
