@@ -135,7 +135,7 @@ def image_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[R
     for _ in range(2):
         batch = []
         for i in range(limits.max_num_seqs):
-            if i % 3 == 2:
+            if i % 3 == 1:
                 batch.append(Request(_prompt(rng, vocab, limits.max_model_len // 2), _sampling(rng, True, False, False)))
                 continue
             count = rng.randint(1, limits.images_per_prompt)
