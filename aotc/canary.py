@@ -8,7 +8,8 @@
    chunked across steps, shared prefixes, ...). A kind the stack refuses is its limitation, not a request
    served. An entry with ``enable_lora`` serves an adapter (the matrix's ``lora_modules``, else a random one
    shaped for the model, aotc/runners/lora.py); every load names the base model and the adapters mixed, and
-   one more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded.
+   one more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded. A
+   vision-language entry also gets chat requests with images of the sizes the runner's plan names.
 4. Evidence, strongest first: files the server wrote into the private cache (a new file is a graph the
    artifact lacks; a rewritten one a cached graph compiled again, torch_xla 2.9.0's case); the runner's
    own cache log where it has one (tpu-inference: JAX's per-lookup hit / miss lines, by phase); the
@@ -41,6 +42,7 @@ from aotc.canary_requests import Planned, RequestLimits, plan_requests
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
+from aotc.matrix import hf_config
 from aotc.runners.lora import ADAPTER_NAME, write_adapter
 from aotc.runners.traffic import lora_slots
 from aotc.processes import free_port
@@ -262,7 +264,8 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         models = adapters.models(command.model)
         unserved = unserved_options(entry)
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
-        planned = plan_requests(RequestLimits.of(entry, adapters.named), seed, unserved)
+        images = entry.backend.traffic_images(entry, hf_config(entry))
+        planned = plan_requests(RequestLimits.of(entry, adapters.named, images), seed, unserved)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(run_bench, entry, command, work, requests, seed, models)
             wait_for_load(command.url, load)

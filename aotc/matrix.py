@@ -211,6 +211,12 @@ class Entry:
         return cls(**data)
 
 
+def hf_config(entry: Entry) -> dict | None:
+    """The entry's local config.json as vLLM sees it (with the entry's ``hf_overrides``)."""
+    path = entry.model_config_path
+    return with_hf_overrides(json.loads(path.read_text()), entry.engine) if path and path.is_file() else None
+
+
 @dataclass(frozen=True)
 class Matrix:
     path: str

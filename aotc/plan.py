@@ -6,13 +6,10 @@ backend pads differently): its ``RunnerSpec.buckets`` module, imported without a
 
 from __future__ import annotations
 
-import json
-
-from aotc.engine_args import with_hf_overrides
 from aotc.graphs import BuildPlan, GraphSpec
-from aotc.matrix import Entry
+from aotc.matrix import Entry, hf_config
 
-__all__ = ["BuildPlan", "GraphSpec", "plan_entry", "plan_entries"]
+__all__ = ["BuildPlan", "GraphSpec", "hf_config", "plan_entry", "plan_entries"]
 
 
 def plan_entry(entry: Entry) -> BuildPlan:
@@ -23,9 +20,3 @@ def plan_entry(entry: Entry) -> BuildPlan:
 
 def plan_entries(entries: list[Entry]) -> list[BuildPlan]:
     return [plan_entry(e) for e in entries]
-
-
-def hf_config(entry: Entry) -> dict | None:
-    """The entry's local config.json as vLLM sees it (with the entry's ``hf_overrides``)."""
-    path = entry.model_config_path
-    return with_hf_overrides(json.loads(path.read_text()), entry.engine) if path and path.is_file() else None

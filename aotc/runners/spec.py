@@ -40,7 +40,7 @@ class RunnerSpec:
     buckets: str
     """Module holding the plan-side primitives the default hooks derive from: ``capture_plan(entry, hf_config)``
     and ``bucket_summary(entry)`` (required), ``kv_page_size``, ``implied_flags``, ``implied_env``, ``mesh``
-    (optional, each ``(entry)``). It imports no heavy stack: plan and fingerprint run without one."""
+    (optional, each ``(entry)``) and ``traffic_images(entry, hf_config)``. It imports no heavy stack: plan and fingerprint run without one."""
     packages: tuple[str, ...]
     """Distributions whose versions enter the fingerprint (read from metadata, never imported)."""
     env_vars: tuple[str, ...] = ()
@@ -90,6 +90,12 @@ class RunnerSpec:
     def implied_env(self, entry: Any) -> dict[str, str]:
         """Values of ``env_vars`` the entry implies when the matrix sets none (e.g. LoRA's model code)."""
         return self._derived("implied_env", entry, {})
+
+    def traffic_images(self, entry: Any, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
+        """(height, width, image tokens) of the images a server of this entry is sent (the sweep's and the
+        canary's); () for a text model."""
+        rule = getattr(self._buckets(), "traffic_images", None)
+        return tuple(rule(entry, hf_config)) if rule else ()
 
     def mesh(self, entry: Any) -> dict[str, Any] | None:
         """The device mesh the entry's graphs are sharded over; None: the runner declares none."""

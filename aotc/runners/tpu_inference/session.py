@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from aotc.runners.flags import xla_flags
 from aotc.matrix import Entry
+from aotc.matrix import hf_config
 from aotc.runners import traffic
 
 from . import beyond_warmup, buckets, engine, instrument, twin_plugin
@@ -44,10 +46,15 @@ class Session:
 
     def drive_traffic(self, seed: int, requests: int) -> int:
         p = buckets.paddings_for(self.entry)
-        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"],
-                                   token_buckets=p["tokens"])
-        batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
         entry = Entry.from_dict(self.entry)
+        images = buckets.traffic_images(entry, hf_config(entry))
+        # vLLM rejects prompt logprobs for a multimodal model
+        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=() if images else p["tokens"],
+                                   token_buckets=p["tokens"])
+        if images:
+            limits = dataclasses.replace(limits, image_sizes=images, images_per_prompt=buckets.images_per_prompt(entry),
+                                         image_placeholder=engine.image_placeholder(self.llm))
+        batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
         if buckets.speculative_config(entry):
             batches = without_params(batches, SPECULATIVE_REJECTS)
         return traffic.run_traffic(self.llm, batches)
