@@ -562,31 +562,3 @@ def scrape_guard(url: str) -> dict[str, float] | None:
         return None
     series = {name + (labels or ""): float(value) for name, labels, value in GUARD_METRIC.findall(text)}
     return series or None
-
-
-def render_canary(result: CanaryResult, console) -> None:
-    s, r = result.startup, result.serving
-    console.print(f"[bold]{result.entry}[/bold]  {result.fingerprint[:12]}  ready {result.ready_seconds} s, "
-                  f"{result.requests} requests ({result.failed_requests} failed)")
-    lookups = f", {s.hits}/{s.lookups} lookups hit" if s.lookups is not None else ""
-    console.print(f"  start-up: {len(s.missing)} graphs the cache lacks, {len(s.rewritten_files)} cached graphs "
-                  f"recompiled{lookups}")
-    console.print(f"  after ready: {len(r.missing)} graphs the cache lacks, {len(r.rewritten_files)} cached graphs "
-                  f"recompiled" + (f", {r.hits}/{r.lookups} lookups hit" if r.lookups is not None else ""))
-    for name in result.graphs_missing:
-        console.print(f"  [red]compiled, not in the cache:[/red] {name}")
-    for problem in result.problems:
-        console.print(f"  [red]problem:[/red] {problem}")
-    style = "red" if result.unexplained_failures else "yellow"  # yellow: strict on a recompiled cached graph
-    for failure in result.failures:
-        console.print(f"  [{style}]failed request:[/{style}] {failure}")
-    for name, kind in result.kinds.items():
-        console.print(f"  {name}: " + (f"not sent ({kind.not_sent})" if kind.not_sent else
-                                       f"{kind.ok}/{kind.sent} served" + (f", {kind.rejected} refused by the stack"
-                                                                         if kind.rejected else "")
-                                       + (f", {kind.failed} failed" if kind.failed else "")))
-    for limitation in result.limitations:
-        console.print(f"  [yellow]limitation:[/yellow] {limitation}")
-    if result.guard:
-        console.print("  guard: " + ", ".join(f"{k} {v:g}" for k, v in sorted(result.guard.items())))
-    console.print(result.verdict)

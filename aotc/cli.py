@@ -293,7 +293,8 @@ def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_canary(args: argparse.Namespace, out: Output) -> int:
-    from aotc.canary import render_canary, run_canary
+    from aotc.canary import run_canary
+    from aotc.render import render_canary
     from aotc.matrix import load_matrix
     from aotc.store import resolve_store_url
 

@@ -4,7 +4,8 @@ inside a function, read with ``ast`` (nothing is imported).
 - the interface (``aotc.runners`` outside the backend packages) imports only leaves;
 - a backend imports only the interface, the leaves and itself, never the core or another backend;
 - the core never names a backend;
-- no import circle anywhere (a package importing its own submodules is not one).
+- no import circle anywhere (a package importing its own submodules is not one);
+- only the CLI layer draws on a terminal (rich, tqdm): cli.py and render.py.
 """
 
 from __future__ import annotations
@@ -129,6 +130,21 @@ def test_the_checks_catch_a_backend_importing_the_core_and_a_circle():
     graph["aotc.store.core"] = graph["aotc.store.core"] | {"aotc.store.scan"}
     assert violations(graph) == ["aotc.runners.tpu_inference.watcher (backend) imports aotc.guard (core)"]
     assert ["aotc.store.core", "aotc.store.leases", "aotc.store.scan"] in circles(graph)
+
+
+def third_party_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_only_the_cli_layer_draws_on_a_terminal():
+    drawing = {name for name, path in modules().items() if third_party_imports(path) & {"rich", "tqdm"}}
+    assert drawing <= {"aotc.cli", "aotc.render"}, drawing
 
 
 def test_every_backend_package_exists():
