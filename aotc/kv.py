@@ -46,8 +46,8 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
     except (OSError, ValueError, KeyError, TypeError):
         pass
     if not size:
-        raise KvNotSized(f"entry {entry.name}: its KV page count is sized by the {entry.runner} stack on its "
-                         f"device, which is not sized here; pin engine.{OVERRIDE}")
+        raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on its "
+                         f"device, and it was not sized here; pin engine.{OVERRIDE}")
     blocks = run_sizing(entry, environ)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)

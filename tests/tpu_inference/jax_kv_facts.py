@@ -1,7 +1,7 @@
 """Under the JAX venv: the KV page count tpu-inference's own functions give an entry at other twin HBM figures.
 
 stdin: {"entry": Entry.to_dict(), "hbm_bytes": [int, ...]}. Starts the engine as aotc's sizing does, keeps the
-worker and the KV cache specs the engine core sized with, then for each HBM figure asks the worker's own
+executor and the KV cache specs the engine core sized with, then for each HBM figure asks the workers' own
 ``determine_available_memory`` and vLLM's own ``get_kv_cache_configs`` / ``generate_scheduler_kv_cache_config``.
 stdout (last line): {"sized": N, "by_hbm": {"<bytes>": N, ...}}.
 """
@@ -21,22 +21,21 @@ def main() -> None:
 
     seen = {}
 
-    def capture() -> None:
-        from tpu_inference.worker.tpu_worker import TPUWorker
+    def capture() -> None:  # nothing of tpu_inference imported here: the twin installs before it
         from vllm.v1.engine import core
 
         kv_size.stop_when_sized()
-        determine, configs = TPUWorker.determine_available_memory, core.get_kv_cache_configs
+        initialize, configs = core.EngineCore._initialize_kv_caches, core.get_kv_cache_configs
 
-        def determine_and_keep(worker):
-            seen["worker"] = worker
-            return determine(worker)
+        def initialize_and_keep(engine_core, vllm_config):
+            seen["executor"] = engine_core.model_executor
+            return initialize(engine_core, vllm_config)
 
         def configs_and_keep(vllm_config, specs, available):
             seen.update(vllm_config=vllm_config, specs=specs)
             return configs(vllm_config, specs, available)
 
-        TPUWorker.determine_available_memory = determine_and_keep
+        core.EngineCore._initialize_kv_caches = initialize_and_keep
         core.get_kv_cache_configs = configs_and_keep
 
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -50,8 +49,8 @@ def main() -> None:
     by_hbm = {}
     for hbm in request["hbm_bytes"]:
         os.environ[twin.HBM_BYTES_ENV] = str(hbm)
-        available = seen["worker"].determine_available_memory()
-        configs = get_kv_cache_configs(seen["vllm_config"], seen["specs"], [available])
+        available = seen["executor"].determine_available_memory()  # the workers', as the engine core asks
+        configs = get_kv_cache_configs(seen["vllm_config"], seen["specs"], available)
         by_hbm[str(hbm)] = generate_scheduler_kv_cache_config(configs).num_blocks
     print(json.dumps({"sized": sized, "by_hbm": by_hbm}))
 
