@@ -84,7 +84,8 @@ def test_multimodal_entry_verifies_under_image_traffic_but_per_chunk_eager_ops(b
     result = json.loads(proc.stdout)
     announce(f"multimodal verify: {result['misses']} misses over {result['traffic_requests']} requests, "
              f"{result['replayed_graphs']} graphs replayed")
-    assert result["traffic_requests"] > 0 and result["metrics"]["deserialize_failures"] == 0
+    assert result["traffic_requests"] > 0
+    assert not any(row["deserialize_failures"] for row in result["families"].values())
     for family, count in plan_entry(ENTRY).families().items():
         assert result["families"][family]["loads"] >= count and not result["families"][family]["misses"], family
     assert all(m["family"] == "runtime" and per_chunk_eager_op(m["key"]) for m in result["missed"]), result["missed"]
