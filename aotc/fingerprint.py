@@ -22,11 +22,13 @@ from typing import Any
 from aotc.engine_args import graph_args
 from aotc.files import sha256_file
 from aotc.matrix import Entry
+from aotc.runners.flags import collapse_words
 from aotc.runners.spec import load_runner
 
 # 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
 #    process of a stock server); the pinned KV block count; versions from the runner's pins without its venv.
-FINGERPRINT_VERSION = 2
+# 3: the stack's own additions once in every process layout (aotc's vLLM plugin collapses them).
+FINGERPRINT_VERSION = 3
 FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 
 
@@ -110,30 +112,24 @@ def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str
     return tuple(json.loads(out).items())
 
 
-def server_imports(environ: dict[str, str]) -> int:
-    """How often a stock ``vllm serve`` imports the runner's stack before its engine compiles: in the API
-    server and again in the engine-core process, which inherits the first one's environment (one process
-    when multiprocessing is off, as in aotc's own build)."""
-    return 1 if environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else 2
-
-
-def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int | None = None,
+def xla_flags(environ: dict[str, str], runner: str | None = None,
               entry_flags: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """The words of XLA_FLAGS and LIBTPU_INIT_ARGS as JAX's cache key hashes them (jax/_src/cache_key.py,
-    ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept. ``environ`` is the launch
-    environment; the flags the runner's stack prepends at import (``RunnerSpec.implied_flags``) are added
-    once per import (``imports``, default: a stock server's, ``server_imports``); pass ``imports=0`` for the
-    live environment of a process that already imported it. ``entry_flags`` (``entry_implied_flags``: the
-    twin's virtual device count) are set once in the launch environment, unless it holds them already.
-    Stricter than JAX in one way: its dump-only flags count here too."""
+    ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept.
+
+    With ``runner``, ``environ`` is a launch environment and the result what any process of a server or an
+    in-process engine hashes: the flags the runner's stack prepends at import (``RunnerSpec.implied_flags``)
+    once each, however many of its processes imported it, because aotc's vLLM plugin collapses them
+    (aotc/runners/flags.py); ``entry_flags`` (``entry_implied_flags``: the twin's virtual device count) are
+    set once in the launch environment, unless it holds them already. Without ``runner``: the words of
+    ``environ`` as they are (a live process's). Stricter than JAX in one way: its dump-only flags count here too."""
     implied = load_runner(runner).implied_flags if runner else {}
-    imports = server_imports(environ) if imports is None else imports
     flags: list[str] = []
     for var in FLAG_ENV_VARS:
         launch = environ.get(var, "").split()
         launch += [w for w in (entry_flags or {}).get(var, ()) if w not in launch]
-        words = list(implied.get(var, ())) * imports + launch
-        flags += [f"{var}:{w}" for w in words]
+        own = implied.get(var, ())
+        flags += [f"{var}:{w}" for w in collapse_words([*own, *launch], own)]
     return sorted(flags)
 
 

@@ -196,8 +196,8 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
     live = dict(os.environ if environ is None else environ)
     environ = launch_environ(live)
     ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ)
-    if live_flags:  # what the compiler hashes here: every copy the API server and this process prepended
-        ours["xla_flags"] = xla_flags(live, runner, imports=0)
+    if live_flags:  # what the compiler hashes here: the stack's additions as this process holds them now
+        ours["xla_flags"] = xla_flags(live)
     if "kv_blocks" in ours:  # what this engine was told, not what its entry implies: a pod may differ
         ours["kv_blocks"] = vllm_config.cache_config.num_gpu_blocks_override
     digest = digest_of(ours)

@@ -43,17 +43,20 @@ class Session:
         return cls(llm, probe, seconds, entry)
 
     def drive_traffic(self, seed: int, requests: int) -> int:
-        p = buckets.paddings_for(self.entry)
-        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"],
-                                   token_buckets=p["tokens"])
-        batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
-        entry = Entry.from_dict(self.entry)
-        if buckets.speculative_config(entry):
-            batches = without_params(batches, SPECULATIVE_REJECTS)
-        return traffic.run_traffic(self.llm, batches)
+        return drive_traffic(self.llm, self.entry, seed, requests)
 
     def records(self) -> list[dict[str, Any]]:
         return self.probe.snapshot()
+
+
+def drive_traffic(llm: Any, entry: dict[str, Any], seed: int, requests: int) -> int:
+    """The seeded sweep (aotc/runners/traffic.py) through ``llm``, an engine started for ``entry``."""
+    p = buckets.paddings_for(entry)
+    limits = traffic.Limits.of(entry, p["reqs"], prompt_logprob_buckets=p["tokens"], token_buckets=p["tokens"])
+    batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(llm))
+    if buckets.speculative_config(Entry.from_dict(entry)):
+        batches = without_params(batches, SPECULATIVE_REJECTS)
+    return traffic.run_traffic(llm, batches)
 
 
 def without_params(batches: list[list[traffic.Request]], names: tuple[str, ...]) -> list[list[traffic.Request]]:
@@ -64,4 +67,4 @@ def without_params(batches: list[list[traffic.Request]], names: tuple[str, ...])
 
 def effective_flags() -> list[str]:
     """The flags this process compiles with, as JAX hashes them (tpu-inference's additions included)."""
-    return xla_flags(dict(os.environ), imports=0)
+    return xla_flags(dict(os.environ))
