@@ -23,7 +23,8 @@ from aotc.runners.spec import runner_versions
 
 # 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
 #    process of a stock server); the pinned KV block count; versions from the runner's pins without its venv.
-FINGERPRINT_VERSION = 2
+# 3: the stack's own additions once in every process layout (aotc's vLLM plugin collapses them).
+FINGERPRINT_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -199,8 +199,8 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
     # the page count this engine was told (None: vLLM sizes it from memory), never one sized here again
     ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ,
                               kv_blocks=vllm_config.cache_config.num_gpu_blocks_override)
-    if live_flags:  # what the compiler hashes here: every copy the API server and this process prepended
-        ours["xla_flags"] = xla_flags(live, runner, imports=0)
+    if live_flags:  # what the compiler hashes here: the stack's additions as this process holds them now
+        ours["xla_flags"] = xla_flags(live)
     digest = digest_of(ours)
     where = f"cache {cache_dir} (entry {manifest.entry}, fingerprint {manifest.fingerprint[:16]})"
     if digest == manifest.fingerprint:

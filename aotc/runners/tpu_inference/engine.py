@@ -82,13 +82,9 @@ def data_parallel_env(entry: dict[str, Any]) -> dict[str, str]:
 
 
 def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
-    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify.
-
-    The pod's settings plus what makes one process compute the keys a stock server's engine core does:
-    tpu_inference/env_override.py prepends its flags to XLA_FLAGS / LIBTPU_INIT_ARGS at import, once in
-    the API server and again in the engine core, which inherits that environment. JAX hashes every copy,
-    so this process starts with the API server's copy and adds the engine core's when it imports.
-    """
+    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify:
+    the pod's settings. The flags tpu-inference prepends at import need nothing here: the twin plugin
+    collapses them to one copy in this process as in each of a server's (twin_plugin.py)."""
     environ = os.environ if environ is None else environ
     env = serving_env(entry, cache_dir, environ)
     env.update({
@@ -98,16 +94,7 @@ def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
         # compile stays tied to the call that submitted it (instrument._pin_pool).
         "NUM_PRECOMPILE_WORKERS": environ.get("NUM_PRECOMPILE_WORKERS") or "1",
     })
-    # after the twin's device count, which serving_env put into XLA_FLAGS
-    env.update(api_server_flags({**environ, **{k: v for k, v in env.items() if v is not None}}))
     return env
-
-
-def api_server_flags(environ) -> dict[str, str]:
-    """XLA_FLAGS / LIBTPU_INIT_ARGS as the API server leaves them for its engine core (env_override.py)."""
-    from . import SPEC
-
-    return {var: " ".join(flags) + " " + environ.get(var, "") for var, flags in SPEC.implied_flags.items()}
 
 
 def twin_device_flags(entry: dict[str, Any], environ=None) -> dict[str, str]:
