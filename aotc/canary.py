@@ -3,10 +3,13 @@
 1. ``aotc fetch`` into a fresh directory (the pod's init container; the canary's private cache copy).
 2. The stock ``vllm serve`` of the entry (aotc/server.py) with ``AOTC_GUARD=strict``; wait for ``/health``.
 3. vLLM's own ``vllm bench serve`` (random dataset, lengths spread over the entry's limits, concurrency
-   ``max_num_seqs``) plus OpenAI-API requests covering the sampling knobs, greedy and random in one batch.
-   An entry with ``enable_lora`` serves an adapter (the matrix's ``lora_modules``, else a random one shaped
-   for the model, aotc/runners/lora.py); every load names the base model and the adapters mixed, and one
-   more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded.
+   ``max_num_seqs``) and, while it runs, so they share its batches, the request kinds users send
+   (aotc/canary_requests.py: sampling, penalties, n, logprobs, structured outputs, chat, streaming, prompts
+   chunked across steps, shared prefixes, ...). A kind the stack refuses is its limitation, not a request
+   served. An entry with ``enable_lora`` serves an adapter (the matrix's ``lora_modules``, else a random one
+   shaped for the model, aotc/runners/lora.py); every load names the base model and the adapters mixed, and
+   one more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded. A
+   vision-language entry also gets chat requests with images of the sizes the runner's plan names.
 4. Evidence, strongest first: files the server wrote into the private cache (a new file is a graph the
    artifact lacks; a rewritten one a cached graph compiled again, torch_xla 2.9.0's case); the runner's
    own cache log where it has one (tpu-inference: JAX's per-lookup hit / miss lines, by phase); the
@@ -26,6 +29,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -33,13 +38,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aotc.canary_requests import Planned, RequestLimits, plan_requests
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
+from aotc.matrix import hf_config
 from aotc.runners.lora import ADAPTER_NAME, write_adapter
-from aotc.runners.spec import load_runner
 from aotc.runners.traffic import lora_slots
-from aotc.server import Server, ServerCommand, free_port, lora_module_map, serve_command
+from aotc.processes import free_port
+from aotc.server import Server, ServerCommand, lora_module_map, serve_command
 
 LOADABILITY_REFERENCE = "pytorch/xla#9094"
 # The guard's series on vLLM's /metrics (aotc/guard_metrics.py), e.g. aotc_compiles_after_ready_total{family="cached"} 1.0
@@ -85,6 +92,37 @@ class Phase:
 
 
 @dataclass
+class KindOutcome:
+    sent: int = 0
+    ok: int = 0
+    rejected: int = 0
+    """Requests the stack refused (HTTP 400): its limitation, neither served nor failed."""
+    rejected_by_stack: str | None = None
+    """The stack's message for the first refusal."""
+    failed: int = 0
+    not_sent: str | None = None
+    """Why the kind was not sent to this entry's server."""
+    errors: list[str] = field(default_factory=list)
+
+    def count(self, answer: Answer) -> None:
+        self.sent += 1
+        if answer.status == "ok":
+            self.ok += 1
+        elif answer.status == "rejected":
+            self.rejected += 1
+            self.rejected_by_stack = self.rejected_by_stack or answer.message
+        else:
+            self.failed += 1
+            self.errors = sorted({*self.errors, answer.message})[:3]
+
+    def add(self, other: KindOutcome) -> None:
+        self.sent, self.ok, self.failed = self.sent + other.sent, self.ok + other.ok, self.failed + other.failed
+        self.rejected += other.rejected
+        self.rejected_by_stack = self.rejected_by_stack or other.rejected_by_stack
+        self.errors = sorted({*self.errors, *other.errors})[:3]
+
+
+@dataclass
 class CanaryResult:
     entry: str
     runner: str
@@ -105,7 +143,10 @@ class CanaryResult:
     adapters: list[str] = field(default_factory=list)
     """LoRA adapters the requests named besides the base model (one loaded at run time among them)."""
     limitations: list[str] = field(default_factory=list)
-    """Request options not driven because the stock server of this stack cannot serve them (RunnerSpec.unserved)."""
+    """Request options not driven because the stock server of this stack cannot serve them (RunnerSpec.unserved),
+    and request kinds the stack refused, with its message."""
+    kinds: dict[str, KindOutcome] = field(default_factory=dict)
+    """Per request kind (aotc/canary_requests.py): what was sent and how the server answered."""
 
     @property
     def compiles_at_startup(self) -> int:
@@ -210,7 +251,7 @@ def fetch(config: str, entry: str, store: str | None, dest: Path, command: Serve
 def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, manifest: Manifest,
                result: CanaryResult, requests: int, seed: int, log, adapters: Adapters | None = None) -> None:
     adapters = adapters or Adapters()
-    cache_log = runner_cache_log(entry.runner)
+    cache_log = entry.backend.cache_log()
     command = ServerCommand(command.argv, {**command.env, **cache_log.get("env", {})}, command.host, command.port)
     server_log = work / "server.log"
     before = Snapshot.of(cache)
@@ -219,22 +260,31 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         result.ready_seconds = round(server.wait_ready(), 2)
         ready_offset = server_log.stat().st_size
         at_ready = Snapshot.of(cache)
-        log(f"ready after {result.ready_seconds} s; driving {requests} requests")
+        log(f"ready after {result.ready_seconds} s; driving {requests} requests and the request kinds")
         models = adapters.models(command.model)
-        bench = run_bench(entry, command, work, requests, seed, models)
-        unserved = load_runner(entry.runner).unserved
+        unserved = unserved_options(entry)
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
-        mix = run_sampling_mix(command, entry, skip=tuple(unserved), models=models)
+        images = entry.backend.traffic_images(entry, hf_config(entry))
+        planned = plan_requests(RequestLimits.of(entry, adapters.named, images), seed, unserved)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            load = pool.submit(run_bench, entry, command, work, requests, seed, models)
+            wait_for_load(command.url, load)
+            result.kinds = send_kinds(command.url, planned, models)
+            result.bench = load.result()
         result.adapters = list(adapters.named)
         if adapters.runtime:
-            runtime = run_runtime_adapter(command, entry, adapters.runtime, tuple(unserved))
-            mix = merge_counts(mix, runtime)
-            result.adapters += [RUNTIME_ADAPTER] if runtime["completed"] else []
-        result.bench = bench
-        result.requests = bench.get("completed", 0) + mix["completed"]
-        result.failed_requests = bench.get("failed", 0) + mix["failed"]
-        result.problems += bench.get("problems", []) + mix.get("problems", [])
-        result.failures = mix["errors"]
+            runtime, problem = run_runtime_adapter(command, entry, adapters.runtime, unserved, seed)
+            for name, outcome in runtime.items():
+                result.kinds[name].add(outcome)
+            result.problems += [problem] if problem else []
+            result.adapters += [RUNTIME_ADAPTER] if sum(o.ok for o in runtime.values()) else []
+        outcomes = result.kinds.values()
+        result.requests = result.bench.get("completed", 0) + sum(o.ok for o in outcomes)
+        result.failed_requests = result.bench.get("failed", 0) + sum(o.failed for o in outcomes)
+        result.problems += result.bench.get("problems", [])
+        result.failures = [f"{name}: {error}" for name, o in result.kinds.items() for error in o.errors][:5]
+        result.limitations += [f"{name} rejected by the stack: {o.rejected_by_stack}"
+                               for name, o in result.kinds.items() if o.rejected_by_stack]
         result.guard = scrape_guard(command.url)
         server.stop()
     after = Snapshot.of(cache)
@@ -259,13 +309,6 @@ def phase(before: Snapshot, after: Snapshot, log_text: str, cache_log: dict[str,
 def cache_key(path: str) -> str:
     """A cache file's key: its name without the stack's suffix (JAX writes ``<key>-cache``)."""
     return path.removesuffix("-cache")
-
-
-def runner_cache_log(runner: str) -> dict[str, Any]:
-    """The runner's per-lookup log, if its stack has one: {"env": ..., "hit": regex, "miss": regex}, each
-    regex with two groups (graph name, cache key). Logging only: no key changes."""
-    spec = load_runner(runner)
-    return spec.load("cache_log")() if spec.cache_log else {}
 
 
 def name_graphs(manifest: Manifest, keys: Iterable[str]) -> list[str]:
@@ -320,37 +363,123 @@ def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, s
     return {**{k: doc[k] for k in keep if k in doc}, "failed": max(0, requests - completed), "problems": []}
 
 
-def sampling_mix(entry: Entry) -> list[dict[str, Any]]:
-    """One request per sampling knob, greedy and random together; sent at once so they share batches.
-    No per-request seed: tpu-inference rejects it ("JAX does not support per-request seed")."""
-    budget = max(2, entry.max_model_len // 4)
-    base = {"prompt": "the cache is warm and the pod", "max_tokens": budget}
-    return [
-        {**base, "temperature": 0.0},
-        {**base, "temperature": 0.0, "logprobs": 3},
-        {**base, "temperature": 0.9},
-        {**base, "temperature": 0.8, "top_p": 0.9},
-        {**base, "temperature": 0.7, "top_k": 20},
-        {**base, "temperature": 1.0, "min_p": 0.05},
-        {**base, "temperature": 0.8, "top_p": 0.95, "top_k": 50, "min_p": 0.02, "logprobs": 5},
-        {**base, "temperature": 0.0, "stop": ["e", "\n"], "max_tokens": 8},
-        {**base, "temperature": 0.6, "max_tokens": 1},
-        {**base, "temperature": 0.0, "max_tokens": budget * 2, "logprobs": 1},
-    ]
+# What vLLM's front end refuses with speculative decoding, whatever the stack (HTTP 400: "The min_p and
+# logit_bias sampling parameters are not yet supported with speculative decoding").
+SPECULATIVE_UNSERVED = {"min_p": "vLLM refuses min_p with speculative decoding"}
 
 
-def run_sampling_mix(command: ServerCommand, entry: Entry, skip: tuple[str, ...] = (),
-                     timeout: float = 300, models: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The mix at once; request i names ``models[i % len(models)]`` (default: the base model alone)."""
-    models = models or (command.model,)
-    bodies = [{**{k: v for k, v in b.items() if k not in skip}, "model": models[i % len(models)]}
-              for i, b in enumerate(sampling_mix(entry))]
-    # Twice at once: a batch of max_num_seqs mixing every knob, greedy with random.
-    bodies = (bodies * (1 + entry.max_num_seqs // len(bodies)))[:max(entry.max_num_seqs, len(bodies))]
-    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        outcomes = list(pool.map(lambda b: post_json(command.url + "/v1/completions", b, timeout), bodies))
-    failed = [o for o in outcomes if isinstance(o, str)]
-    return {"completed": len(outcomes) - len(failed), "failed": len(failed), "errors": sorted(set(failed))[:3]}
+def unserved_options(entry: Entry) -> dict[str, str]:
+    """Request options the stock server cannot serve for this entry: the stack's (RunnerSpec.unserved), and
+    with speculative decoding vLLM's own refusals."""
+    unserved = dict(entry.backend.unserved)
+    if entry.engine.get("speculative_config"):
+        unserved.update(SPECULATIVE_UNSERVED)
+    return unserved
+
+
+def wait_for_load(url: str, load: concurrent.futures.Future, patience: float = 120) -> None:
+    """Until the load generator has requests running (so the kinds join its batches), it ended, or
+    ``patience`` seconds passed."""
+    deadline = time.monotonic() + patience
+    while not load.done() and time.monotonic() < deadline:
+        if running_requests(url):
+            return
+        time.sleep(0.2)
+
+
+def running_requests(url: str) -> float:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return 0
+    return sum(float(v) for v in re.findall(r"^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.eE+-]+)$", text, re.M))
+
+
+def send_kinds(url: str, planned: list[Planned], models: tuple[str, ...],
+               timeout: float = 300) -> dict[str, KindOutcome]:
+    """Every kind at once, each kind's bodies at once (a ``first_alone`` kind's first body ahead of the rest).
+    A body that names no model names ``models[i % len(models)]``, i counting over all kinds' bodies, so base
+    model and adapters mix across kinds."""
+    named, i = [], 0
+    for p in planned:
+        bodies = []
+        for body in p.bodies:
+            bodies.append({"model": models[i % len(models)], **body})
+            i += 1
+        named.append(bodies)
+    structured = threading.Lock()
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(planned))) as pool:
+        outcomes = list(pool.map(lambda p, bodies: send_kind(url, p, bodies, timeout, structured), planned, named))
+    return {p.kind.name: outcome for p, outcome in zip(planned, outcomes)}
+
+
+def send_kind(url: str, planned: Planned, bodies: list[dict[str, Any]], timeout: float,
+              structured: threading.Lock) -> KindOutcome:
+    outcome = KindOutcome(not_sent=planned.not_sent)
+    waves = [bodies[:1], bodies[1:]] if planned.kind.first_alone else [bodies]
+    serial = structured if planned.kind.one_structured_at_a_time else contextlib.nullcontext()
+
+    def one(body: dict[str, Any]) -> Answer:
+        with serial:
+            return send(url + planned.kind.endpoint, body, timeout)
+
+    for wave in filter(None, waves):
+        with concurrent.futures.ThreadPoolExecutor(len(wave)) as pool:
+            for answer in pool.map(one, wave):
+                outcome.count(answer)
+    return outcome
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: str
+    """ok | rejected (HTTP 400: the stack refused the request) | failed"""
+    message: str = ""
+
+
+def send(url: str, body: dict[str, Any], timeout: float) -> Answer:
+    """One request, read to its end (a stream to its ``[DONE]``)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        message = error_message(exc.read())
+        return Answer("rejected", message) if exc.code == 400 else Answer("failed", f"HTTP {exc.code}: {message}")
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        return Answer("failed", f"request failed: {exc}")
+    problem = stream_problem(text) if body.get("stream") else answer_problem(text)
+    return Answer("failed", problem) if problem else Answer("ok")
+
+
+def error_message(raw: bytes) -> str:
+    """vLLM's error text: ``{"error": {"message": ...}}`` or ``{"message": ...}``; else the raw start."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return raw[:300].decode(errors="replace")
+    if not isinstance(doc, dict):
+        return str(doc)[:300]
+    error = doc.get("error")
+    return str((error.get("message") if isinstance(error, dict) else None) or doc.get("message") or doc)[:300]
+
+
+def answer_problem(text: str) -> str | None:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return f"not JSON: {text[:200]}"
+    return None if isinstance(doc, dict) and doc.get("choices") else f"no choices: {text[:200]}"
+
+
+def stream_problem(text: str) -> str | None:
+    """An error event, or a stream that ended without ``data: [DONE]``."""
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    for event in events:
+        if event != "[DONE]" and ('"error"' in event and '"choices"' not in event):
+            return f"error event: {error_message(event.encode())}"
+    return None if events and events[-1] == "[DONE]" else f"stream ended without [DONE]: {text[-200:]}"
 
 
 # --- LoRA ---------------------------------------------------------------------------------------------
@@ -391,21 +520,22 @@ def canary_adapters(entry: Entry, work: Path) -> Adapters:
     return Adapters(served=served, named=tuple({**named, **served}), runtime=path)
 
 
-def run_runtime_adapter(command: ServerCommand, entry: Entry, path: str, skip: tuple[str, ...]) -> dict[str, Any]:
-    """Load an adapter into the running server, send the mix to it and the base model, unload it."""
+# The kinds sent to an adapter loaded at run time: sampling with and without logprobs, and requests naming it.
+RUNTIME_KINDS = ("greedy", "sampling", "logprobs", "stop", "lora")
+
+
+def run_runtime_adapter(command: ServerCommand, entry: Entry, path: str, unserved: dict[str, str],
+                        seed: int) -> tuple[dict[str, KindOutcome], str | None]:
+    """Load an adapter into the running server, send it and the base model some kinds, unload it.
+    Returns the kinds' outcomes and the problem loading or unloading it (None: none)."""
     loaded = post_json(command.url + "/v1/load_lora_adapter", {"lora_name": RUNTIME_ADAPTER, "lora_path": path}, 60)
     if isinstance(loaded, str):
-        return {"completed": 0, "failed": 0, "errors": [], "problems": [f"load_lora_adapter: {loaded}"]}
-    mix = run_sampling_mix(command, entry, skip=skip, models=(RUNTIME_ADAPTER, command.model))
+        return {}, f"load_lora_adapter: {loaded}"
+    limits = RequestLimits.of(entry, (RUNTIME_ADAPTER,))
+    planned = [p for p in plan_requests(limits, seed + 1, dict(unserved)) if p.kind.name in RUNTIME_KINDS]
+    outcomes = send_kinds(command.url, planned, (RUNTIME_ADAPTER, command.model))
     unloaded = post_json(command.url + "/v1/unload_lora_adapter", {"lora_name": RUNTIME_ADAPTER}, 60)
-    if isinstance(unloaded, str):
-        mix["problems"] = [f"unload_lora_adapter: {unloaded}"]
-    return mix
-
-
-def merge_counts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    return {"completed": a["completed"] + b["completed"], "failed": a["failed"] + b["failed"],
-            "errors": (a["errors"] + b["errors"])[:3], "problems": a.get("problems", []) + b.get("problems", [])}
+    return outcomes, (f"unload_lora_adapter: {unloaded}" if isinstance(unloaded, str) else None)
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | str:
@@ -432,26 +562,3 @@ def scrape_guard(url: str) -> dict[str, float] | None:
         return None
     series = {name + (labels or ""): float(value) for name, labels, value in GUARD_METRIC.findall(text)}
     return series or None
-
-
-def render_canary(result: CanaryResult, console) -> None:
-    s, r = result.startup, result.serving
-    console.print(f"[bold]{result.entry}[/bold]  {result.fingerprint[:12]}  ready {result.ready_seconds} s, "
-                  f"{result.requests} requests ({result.failed_requests} failed)")
-    lookups = f", {s.hits}/{s.lookups} lookups hit" if s.lookups is not None else ""
-    console.print(f"  start-up: {len(s.missing)} graphs the cache lacks, {len(s.rewritten_files)} cached graphs "
-                  f"recompiled{lookups}")
-    console.print(f"  after ready: {len(r.missing)} graphs the cache lacks, {len(r.rewritten_files)} cached graphs "
-                  f"recompiled" + (f", {r.hits}/{r.lookups} lookups hit" if r.lookups is not None else ""))
-    for name in result.graphs_missing:
-        console.print(f"  [red]compiled, not in the cache:[/red] {name}")
-    for problem in result.problems:
-        console.print(f"  [red]problem:[/red] {problem}")
-    style = "red" if result.unexplained_failures else "yellow"  # yellow: strict on a recompiled cached graph
-    for failure in result.failures:
-        console.print(f"  [{style}]failed request:[/{style}] {failure}")
-    for limitation in result.limitations:
-        console.print(f"  [yellow]limitation:[/yellow] {limitation}")
-    if result.guard:
-        console.print("  guard: " + ", ".join(f"{k} {v:g}" for k, v in sorted(result.guard.items())))
-    console.print(result.verdict)

@@ -199,8 +199,8 @@ def _cached_manifest(cache: NodeCache | None, entry: Any, fingerprint: str | Non
     if entry is None:
         return cache.manifest_by_fingerprint(fingerprint) if fingerprint else None
     if fingerprint is None:
-        from aotc.fingerprint import fingerprint_entry
-        from aotc.kv import KvNotSized, entry_kv_blocks
+        from aotc.fingerprint import entry_kv_blocks, fingerprint_entry
+        from aotc.kv import KvNotSized
 
         try:
             fingerprint = fingerprint_entry(entry, kv_blocks=entry_kv_blocks(entry, size=False)).digest
@@ -241,8 +241,8 @@ def pod_fingerprint(store: Store, entry: Any):
     newest build of this entry, equal in every other input (else the newest at all, so that a miss names the
     inputs that differ, not the count), sized and published; the server pins that count and the guard names
     a server whose count differs."""
-    from aotc.fingerprint import fingerprint_entry, fingerprint_inputs
-    from aotc.kv import KvNotSized, entry_kv_blocks
+    from aotc.fingerprint import entry_kv_blocks, fingerprint_entry, fingerprint_inputs
+    from aotc.kv import KvNotSized
 
     try:
         return fingerprint_entry(entry, kv_blocks=entry_kv_blocks(entry, size=False))

@@ -1,5 +1,6 @@
-"""The KV cache's page count of an entry: one number that build, verify, the fingerprint and every serving flag
-pin, because it is a shape in every backbone graph (vLLM's ``num_gpu_blocks_override``).
+"""How the stack sizes an entry's KV cache, and where its answer is kept. The page count itself (one number
+that build, verify, the fingerprint and every serving flag pin, because it is a shape in every backbone
+graph: vLLM's ``num_gpu_blocks_override``) is ``aotc.fingerprint.entry_kv_blocks``.
 
 The matrix's ``engine.num_gpu_blocks_override`` wins. Otherwise the runner's own stack sizes the cache as a
 stock server on that hardware would (``RunnerSpec.kv_size``: tpu-inference fills the HBM left after the
@@ -11,7 +12,6 @@ serve ask once. A runner without ``kv_size`` keeps the full-length rule: every s
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import BadInput
+from aotc.files import canonical_json
 from aotc.matrix import Entry
-from aotc.runners.spec import load_runner
+from aotc.runners.flags import FLAG_ENV_VARS
 
 OVERRIDE = "num_gpu_blocks_override"
 SIZING_TIMEOUT = 900
@@ -31,39 +32,15 @@ class KvNotSized(BadInput):
     """The entry's page count is the stack's to size and sizing was not allowed here."""
 
 
-def full_length_blocks(max_num_seqs: int, max_model_len: int, page_size: int) -> int:
-    """Every sequence at full length, +1 for the null block vLLM reserves."""
-    return max_num_seqs * -(-max_model_len // page_size) + 1
-
-
 def override(entry: Entry) -> int | None:
     value = entry.engine.get(OVERRIDE)
     return int(value) if value else None
 
 
-def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size: bool = True) -> int | None:
-    """The page count the entry pins; None for a runner that pins none. ``size=False``: never start the stack
-    (an init container has neither it nor the accelerator): a sizing not on disk raises ``KvNotSized``."""
-    if (pinned := override(entry)) is not None:
-        return pinned
-    spec = load_runner(entry.runner)
-    if spec.kv_size:
-        return stack_kv_blocks(entry, dict(os.environ if environ is None else environ), size=size)
-    page = getattr(spec.load("buckets"), "kv_page_size", None)
-    return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page(entry)) if page else None
-
-
-def pin_kv(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: int | None = None) -> Entry:
-    """The entry with its page count written into its engine arguments, as build, verify and the stock
-    server pass it (``kv_blocks``: a count already known, e.g. a manifest's)."""
-    blocks = kv_blocks if kv_blocks is not None else entry_kv_blocks(entry, environ)
-    if blocks is None or override(entry) == blocks:
-        return entry
-    return dataclasses.replace(entry, engine={**entry.engine, OVERRIDE: blocks})
-
-
-def stack_kv_blocks(entry: Entry, environ: dict[str, str], *, size: bool = True) -> int:
-    cached = sizing_path(entry, environ)
+def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], *, size: bool = True) -> int:
+    """The stack's sizing for ``key`` (aotc/fingerprint.py: entry_kv_blocks): from disk, else by starting
+    the stack (``size=False``: never; ``KvNotSized``)."""
+    cached = sizing_path(key, environ)
     try:
         return int(json.loads(cached.read_text())["kv_blocks"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -82,26 +59,19 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], *, size: bool = True)
     return blocks
 
 
-def sizing_path(entry: Entry, environ: dict[str, str]) -> Path:
-    """Where the stack's answer for these inputs is kept: every fingerprint input but the count itself, and
-    the variables the sizing reads besides (the twin's stated HBM)."""
-    from aotc.fingerprint import canonical_json, fingerprint_inputs
-
-    sizing_env = load_runner(entry.runner).load("kv_size").SIZING_ENV
-    key = {"inputs": fingerprint_inputs(entry, environ, kv_blocks=None),
-           "sizing_env": {var: environ.get(var) for var in sizing_env}}
+def sizing_path(key: dict[str, Any], environ: dict[str, str]) -> Path:
+    """Where the stack's answer for ``key`` is kept (every fingerprint input but the count itself, and the
+    variables the sizing reads besides, e.g. the twin's stated HBM)."""
     home = environ.get("AOTC_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "aotc")
     return Path(home) / "kv-blocks" / f"{hashlib.sha256(canonical_json(key)).hexdigest()}.json"
 
 
 def run_sizing(entry: Entry, environ: dict[str, str]) -> int:
     """The runner's sizing module in its own interpreter, with the entry's env as a build has it."""
-    from aotc.fingerprint import FLAG_ENV_VARS, runner_python
-
-    spec = load_runner(entry.runner)
-    python = runner_python(entry.runner, environ)
+    spec = entry.backend
+    python = spec.python(environ)
     # this process's environment for the rest (PATH, HOME), but what the answer is keyed on only as given
-    keyed = (*FLAG_ENV_VARS, *spec.env_vars, *spec.load("kv_size").SIZING_ENV)
+    keyed = (*FLAG_ENV_VARS, *spec.env_vars, *spec.kv_sizing_env())
     env = {k: v for k, v in os.environ.items() if k not in keyed}
     env.update({**environ, **{k: str(v) for k, v in entry.env.items()}})
     try:

@@ -90,20 +90,24 @@ def test_an_artifact_that_failed_verify_is_not_published(built, tmp_path):
     assert not (store / "manifests").exists() or not any((store / "manifests").rglob("*.json"))
 
 
-def test_canary_names_a_deleted_graph_and_counts_recompiles_under_loadability(built, tmp_path):
+def test_canary_names_a_deleted_graph_and_counts_recompiles_under_loadability(built, tmp_path, announce):
     """The stock `vllm serve` of vLLM 0.13 from a fetched artifact with one backbone file deleted: exit 1
     naming that graph; the graphs torch_xla 2.9.0 compiles again although cached are counted, never a pass."""
     import os
 
-    from tests.helpers.canary import canary, publish_copy
+    from tests.helpers.canary import assert_kinds_served, canary, publish_copy, summary
 
     store, dropped = publish_copy(built, tmp_path, dict(os.environ), drop_family="backbone")
     code, doc, err = canary(DEMO, ENTRY, store, dict(os.environ), requests=8)
+    announce(summary(doc))
     assert code == 1, err[-2000:]
     assert [name for name in doc["graphs_missing"] if name.startswith("backbone ")], doc["graphs_missing"]
     assert dropped in doc["startup"]["new_files"]
     assert doc["startup"]["rewritten_files"] and doc["loadable"] is not True
     assert [lim for lim in doc["limitations"] if lim.startswith("logprobs")]
+    # under every request kind, nothing compiled after ready that the artifact lacks
+    assert doc["serving"]["new_files"] == [] and doc["serving"]["misses"] == []
+    assert_kinds_served(doc, lacking={"lora", "speculative"})
 
 def test_report_of_the_demo_build_shows_every_planned_family_compiled(built, chromium, announce, tmp_path):
     page = tmp_path / "report.html"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from aotc.fingerprint import runner_python
+from aotc.runners.spec import runner_python
 from aotc.matrix import load_matrix
 from aotc.engine_args import cli_flags
-from aotc.kv import entry_kv_blocks
+from aotc.fingerprint import entry_kv_blocks
 from aotc.server import serve_command
 
 from .conftest import CONFIGS

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from aotc.fingerprint import fingerprint_entry
-from aotc.kv import KvNotSized, entry_kv_blocks
+from aotc.fingerprint import entry_kv_blocks
+from aotc.kv import KvNotSized
 from aotc.matrix import load_matrix
 from aotc.server import serve_command
 

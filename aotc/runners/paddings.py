@@ -54,3 +54,8 @@ def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
         paddings.append(num)
         num = padded_num_reqs_with_upper_limit(num + 1, max_req_size)
     return paddings
+
+
+def full_length_blocks(max_num_seqs: int, max_model_len: int, page_size: int) -> int:
+    """KV pages for every sequence at full length, +1 for the null block vLLM reserves."""
+    return max_num_seqs * cdiv(max_model_len, page_size) + 1

@@ -39,3 +39,35 @@ def canary(config: Path, entry: str, store: Path, env: dict, requests: int = 16)
                           capture_output=True, text=True, env=env, timeout=1800)
     doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
     return proc.returncode, doc, proc.stderr
+
+
+def assert_kinds_served(doc: dict, lacking: set[str]) -> None:
+    """Every request kind went out and was served, or refused by the stack (its limitation, listed with the
+    stack's message); none failed but those AOTC_GUARD=strict failed for a cached graph the stack compiled
+    again (torch_xla 2.9.0 cannot load its cache). Not sent: the kinds the entry is ``lacking`` the means for,
+    and those using an option the runner's stock server cannot serve (RunnerSpec.unserved)."""
+    from aotc.canary_requests import KINDS
+    from aotc.runners.spec import load_runner
+
+    kinds = doc["kinds"]
+    assert set(kinds) == {kind.name for kind in KINDS}
+    unserved = {kind.name for kind in KINDS if set(kind.options) & set(load_runner(doc["runner"]).unserved)}
+    assert {name for name, kind in kinds.items() if kind["not_sent"]} == lacking | unserved, kinds
+    assert sum(kind["failed"] for kind in kinds.values()) <= doc["strict_failed_cached"], kinds
+    for name, kind in kinds.items():
+        assert kind["ok"] + kind["rejected"] + kind["failed"] == kind["sent"], (name, kind)
+        assert kind["not_sent"] or kind["sent"] > 0, (name, kind)
+        if kind["rejected"]:
+            assert f"{name} rejected by the stack: {kind['rejected_by_stack']}" in doc["limitations"]
+
+
+def summary(doc: dict) -> str:
+    """One line per kind: the figures a person reads off a canary run."""
+    lines = [f"canary {doc.get('entry')}: {doc.get('requests')} requests, {doc.get('failed_requests')} failed, "
+             f"{doc.get('compiles_after_ready')} compiles after ready, bench {doc.get('bench', {}).get('duration')} s"]
+    for name, kind in doc.get("kinds", {}).items():
+        lines.append(f"  {name}: " + (f"not sent ({kind['not_sent']})" if kind["not_sent"] else
+                                      f"{kind['ok']}/{kind['sent']} ok" + (f", refused: {kind['rejected_by_stack']}"
+                                                                           if kind["rejected"] else "")
+                                      + (f", failed: {kind['errors']}" if kind["failed"] else "")))
+    return "\n".join(lines)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from aotc.fingerprint import fingerprint_entry, runner_python
+from aotc.fingerprint import fingerprint_entry
 from aotc.matrix import load_matrix
+from aotc.runners.spec import load_runner, runner_python
 
 from .conftest import PYTHON_ENV, REPO
 
@@ -57,13 +58,14 @@ def test_runner_python_defaults_to_this_interpreter(jax_env):
     assert runner_python("vllm-tpu", jax_env) == sys.executable
 
 
-def test_stock_server_flags_count_each_import(jax_env):
-    # tpu-inference's env_override prepends its flags in the API server and again in the engine core
-    served = fingerprint_entry(entry(), jax_env).inputs["xla_flags"]
-    assert served.count("XLA_FLAGS:--xla_cpu_max_isa=AVX2") == 2
+def test_every_process_layout_has_one_fingerprint_with_the_stacks_flags_once(jax_env):
+    # tpu-inference's env_override prepends its flags in the API server and again in the engine core; aotc's
+    # plugin collapses them, so a server and an in-process engine hash them once (aotc/runners/flags.py)
+    served = fingerprint_entry(entry(), jax_env)
     in_process = fingerprint_entry(entry(), {**jax_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    assert in_process.inputs["xla_flags"].count("XLA_FLAGS:--xla_cpu_max_isa=AVX2") == 1
-    assert in_process.digest != fingerprint_entry(entry(), jax_env).digest
+    assert in_process.digest == served.digest
+    for var, words in load_runner("tpu-inference").implied_flags.items():
+        assert all(served.inputs["xla_flags"].count(f"{var}:{w}") == 1 for w in words), served.inputs["xla_flags"]
 
 
 def test_versions_without_the_runner_venv_are_the_pinned_ones(jax_env):

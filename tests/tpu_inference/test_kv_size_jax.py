@@ -8,7 +8,9 @@ import dataclasses
 
 import pytest
 
-from aotc.kv import OVERRIDE, entry_kv_blocks, full_length_blocks, pin_kv
+from aotc.fingerprint import entry_kv_blocks, pin_kv
+from aotc.kv import OVERRIDE
+from aotc.runners.paddings import full_length_blocks
 from aotc.matrix import load_matrix
 from aotc.runners.paddings import page_size
 from aotc.runners.tpu_inference import twin

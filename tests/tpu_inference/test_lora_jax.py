@@ -56,7 +56,7 @@ def test_lora_entry_builds_on_vllm_model_code_and_verifies_with_zero_misses(jax_
 
 @pytest.mark.slow
 def test_lora_canary_serves_adapters_and_base_mixed_with_no_compile_after_ready(jax_env, built, tmp_path):
-    from tests.helpers.canary import canary, publish_copy
+    from tests.helpers.canary import assert_kinds_served, canary, publish_copy
 
     config, artifact = built
     store, _ = publish_copy(artifact, tmp_path, jax_env)
@@ -65,3 +65,5 @@ def test_lora_canary_serves_adapters_and_base_mixed_with_no_compile_after_ready(
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
     assert doc["requests"] >= 16 and doc["failed_requests"] == 0
     assert doc["adapters"] == ["aotc-lora", "aotc-lora-runtime"]  # served from start, and loaded at run time
+    assert_kinds_served(doc, lacking={"speculative"})
+    assert doc["kinds"]["lora"]["ok"] > 0

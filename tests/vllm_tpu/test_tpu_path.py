@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from aotc.kv import pin_kv
+from aotc.fingerprint import pin_kv
 from aotc.matrix import Entry
 from aotc.runners.vllm_tpu import cpu_platform, engine
 

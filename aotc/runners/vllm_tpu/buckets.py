@@ -17,7 +17,7 @@ MIN_TOKEN_PADDING = 16  # TPUModelRunner: _get_token_paddings(min_token_size=16,
 
 
 def kv_page_size(entry: Entry) -> int:
-    """The page size the KV cache's full-length rule counts in (aotc/kv.py): TpuPlatform's, whatever the
+    """The page size the KV cache's full-length rule counts in (aotc/fingerprint.py: entry_kv_blocks): TpuPlatform's, whatever the
     matrix's block_size says."""
     return page_size(entry.max_model_len)
 

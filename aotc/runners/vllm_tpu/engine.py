@@ -84,7 +84,7 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
 def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
     local = local_model(entry)
     # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
-    # arguments (aotc/kv.py), so build, verify and pods agree.
+    # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree.
     return common_engine_args(entry, local or entry["model"], bool(local), seed,
                               worker_cls=CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER)
 

@@ -219,7 +219,7 @@ class CpuTwin:
     def kv_budget_blocks(self) -> int:
         if os.environ.get(self.KV_BLOCKS_ENV):
             return int(os.environ[self.KV_BLOCKS_ENV])
-        from aotc.kv import full_length_blocks
+        from aotc.runners.paddings import full_length_blocks
 
         return full_length_blocks(self.scheduler_config.max_num_seqs, self.model_config.max_model_len,
                                   self.cache_config.block_size)
