@@ -4,12 +4,14 @@ embeddings, tests/tpu_inference/test_plan_jax.py tying them to tpu-inference's o
 the warm-up the M-RoPE positions of every text prompt length and image grid), then a fresh server's verify
 under text and image traffic, and the stock server under chat requests with images. One build, shared.
 
-Not yet zero: tpu-inference keeps each request's M-RoPE positions and each image's encoder output as device
-arrays and slices, joins, pads and splits them per prefill chunk in Python: small eager ops shaped by the
-prompt length and the chunk (`jit_dynamic_slice` of the positions, `jit_concatenate` of an image prompt's
-position pieces and of a step's image embeddings with their padding, `jit_broadcast_in_dim` for that
-padding, `jit_split` of a two-image encoder output), families quadratic in max_model_len that no plan
-lists. The tests here hold every other graph to zero and name those that remain.
+Not yet zero: tpu-inference keeps each request's M-RoPE positions, each encoder batch's pixels and each
+image's encoder output as device arrays and slices, joins, pads and splits them in Python: small eager ops
+shaped by the prompt length and the prefill chunk, or by which images share an encoder batch
+(`jit_dynamic_slice` of the positions and pixels, `jit_concatenate` of an image prompt's position pieces and
+of a step's image embeddings with their padding, `jit_broadcast_in_dim` for that padding, `jit_split` of a
+multi-image encoder output, `jit_stage` lifting the batch's pixels), families quadratic in max_model_len or
+combinatorial in the batch that no plan lists. The tests here hold every other graph to zero and name those
+that remain.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ CONFIG = REPO / "configs" / "multimodal-jax.yaml"
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
-# The eager ops the stack runs on per-request arrays at each prefill chunk (see above): their compiles remain.
-PER_CHUNK_EAGER_OPS = ("jit_dynamic_slice", "jit_concatenate", "jit_broadcast_in_dim", "jit_split")
+# The eager ops the stack runs on per-request arrays (see above): their compiles remain.
+PER_REQUEST_EAGER_OPS = ("jit_dynamic_slice", "jit_concatenate", "jit_broadcast_in_dim", "jit_split", "jit_stage")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +50,8 @@ def built(jax_env, tmp_path_factory) -> tuple[Path, dict, Path]:
     return out / ENTRY.name, report, store
 
 
-def per_chunk_eager_op(key: str) -> bool:
-    return Path(key).name.startswith(PER_CHUNK_EAGER_OPS)
+def per_request_eager_op(key: str) -> bool:
+    return Path(key).name.startswith(PER_REQUEST_EAGER_OPS)
 
 
 def test_multimodal_plan_lists_the_vision_families_once_per_shape():
@@ -76,9 +78,9 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built):
 
 
 @pytest.mark.slow
-def test_multimodal_entry_verifies_under_image_traffic_but_per_chunk_eager_ops(built, jax_env, announce):
+def test_multimodal_entry_verifies_under_image_traffic_but_per_request_eager_ops(built, jax_env, announce):
     """Every planned graph loads from the artifact; what a fresh server compiles under text and image traffic
-    is only the per-chunk eager ops, none of them in a planned family or at start-up."""
+    is only the per-request eager ops, none of them in a planned family or at start-up."""
     artifact, _, _ = built
     proc = run_aotc("verify", artifact, "--traffic", "8", "--json", env=jax_env, timeout=1800)
     result = json.loads(proc.stdout)
@@ -88,13 +90,13 @@ def test_multimodal_entry_verifies_under_image_traffic_but_per_chunk_eager_ops(b
     assert not any(row["deserialize_failures"] for row in result["families"].values())
     for family, count in plan_entry(ENTRY).families().items():
         assert result["families"][family]["loads"] >= count and not result["families"][family]["misses"], family
-    assert all(m["family"] == "runtime" and per_chunk_eager_op(m["key"]) for m in result["missed"]), result["missed"]
+    assert all(m["family"] == "runtime" and per_request_eager_op(m["key"]) for m in result["missed"]), result["missed"]
 
 
 @pytest.mark.slow
-def test_multimodal_canary_stock_server_compiles_only_per_chunk_eager_ops(built, jax_env, announce):
+def test_multimodal_canary_stock_server_compiles_only_per_request_eager_ops(built, jax_env, announce):
     """The stock server, chat requests with images mixed with text: nothing compiles at start-up, the load runs
-    to the end, and what compiles after ready is only the per-chunk eager ops (AOTC_GUARD=strict fails the
+    to the end, and what compiles after ready is only the per-request eager ops (AOTC_GUARD=strict fails the
     requests whose step compiled one)."""
     from tests.helpers.canary import canary
 
@@ -103,4 +105,5 @@ def test_multimodal_canary_stock_server_compiles_only_per_chunk_eager_ops(built,
     announce(f"multimodal canary: {doc.get('requests')} of {doc.get('requests', 0) + doc.get('failed_requests', 0)} "
              f"requests served, {doc.get('compiles_after_ready')} compiles after ready")
     assert doc["compiles_at_startup"] == 0 and not doc["problems"], (doc.get("verdict"), err[-2000:])
-    assert doc["serving"]["misses"] and all(per_chunk_eager_op(key) for key in doc["serving"]["misses"]), doc["serving"]
+    missed = doc["serving"]["misses"]
+    assert missed and all(per_request_eager_op(key) for key in missed), doc["serving"]
