@@ -56,11 +56,14 @@ def test_feature_plans_name_what_the_engine_compiles():
 
 def test_eagle3_plan_lists_the_drafters_helpers_with_async_scheduling_on():
     """eagle3 keeps async scheduling on (vLLM's resolution) and adds the drafter's helpers, one of each per token
-    bucket; its local draft is read beside the matrix."""
+    bucket, and the serving graphs the warm-up skips; its local draft is read beside the matrix."""
     eagle3 = plan(EAGLE3)
     families = eagle3.families()
-    tokens = eagle3.buckets["token_paddings"]
+    tokens, logits = eagle3.buckets["token_paddings"], eagle3.buckets["logits_paddings"]
     assert families["drafter_propose"] == families["drafter_prepare_inputs"] == len(tokens)
+    beyond = {g.family for g in eagle3.graphs if g.beyond_warmup}
+    assert beyond == {"bonus_sample", "rejection_sampler_logprobs", "unpack_step_inputs"}
+    assert families["unpack_step_inputs"] == sum(n <= t for t in tokens for n in logits)
     assert "subtract_num_rejected_tokens" in families
     draft = MATRIX.entry(EAGLE3).engine["speculative_config"]["model"]
     assert draft == str(REPO / "configs" / "models" / "tiny-llama-eagle3")
@@ -77,15 +80,13 @@ def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "measured: the stock server compiles after ready what no capture_model loop and no build sweep reaches: "
-    "jit(split) of the step's packed host inputs (tpu_inference.utils.DeviceBuffer.unpack_arrays), shaped by "
-    "token bucket x logits bucket, where the logits bucket follows each request's draft count; jit(sample) "
-    "of the bf16 bonus logits with logprobs (the warm-up samples f32 logits); the rejection sampler's forward "
-    "with logprobs (its warm-up compiles logprobs off only)"))
+    "measured: 0 compiles after ready, but the stack fails every request asking for logprobs with HTTP 500: "
+    "the API server's output handler dies detokenizing a negative token id in the speculative-decoding "
+    "logprobs (OverflowError: number too small to fit in target type)"))
 def test_eagle3_canary_compiles_nothing_after_ready(jax_env, built, tmp_path):
     from tests.helpers.canary import canary, publish_copy
 
     store, _ = publish_copy(Path(built[EAGLE3]["artifact_dir"]), tmp_path, jax_env)
     code, doc, err = canary(CONFIG, EAGLE3, store, jax_env)
-    assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
-    assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0 and doc["failed_requests"] == 0
+    assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0, (doc.get("verdict"), err[-2000:])
+    assert code == 0 and doc["failed_requests"] == 0, (doc.get("verdict"), doc.get("failures"))

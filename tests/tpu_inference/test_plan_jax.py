@@ -179,12 +179,13 @@ def repeated_graphs(calls: list, theirs: dict) -> set[str]:
 
 def test_feature_plans_follow_the_engines_order(captured):
     """Families appear in the order the engine first compiles them (sampling and logprobs first: tpu-inference
-    compiles them before the KV cache exists)."""
+    compiles them before the KV cache exists); those aotc compiles beyond the warm-up come after."""
     before_kv_cache = ("sample", "gather_logprobs", "gather_logprobs_spec", "gather_prompt_logprobs")
     for case, calls in zip(feature_sweep(), captured["calls"]):
         first_seen = list(dict.fromkeys(family for family, _ in calls))
         stack = [f for f in before_kv_cache if f in first_seen] + [f for f in first_seen if f not in before_kv_cache]
-        assert list(dict.fromkeys(g.family for g in buckets.capture_plan(feature_entry(case)))) == stack, case
+        ours = [g.family for g in buckets.capture_plan(feature_entry(case)) if not g.beyond_warmup]  # aotc's own
+        assert list(dict.fromkeys(ours)) == stack, case
 
 
 def test_async_scheduling_resolves_as_vllm_does(jax_env):

@@ -151,6 +151,7 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
         graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
     if spec:
         graphs += speculative_decoding_graphs(p, spec["method"])
+        graphs += speculative_serving_graphs(p, data_parallel_size(entry))
     return list(dict.fromkeys(graphs))  # a loop that repeats a shape (attention request buckets) compiles it once
 
 
@@ -307,6 +308,22 @@ def speculative_decoding_graphs(p: dict[str, list[int]], method: str) -> list[Gr
     if method in DRAFTER_METHODS:  # _precompile_eagle3_helpers: one of each per token bucket
         for t in tokens:
             graphs += [GraphSpec.of("drafter_propose", num_tokens=t), GraphSpec.of("drafter_prepare_inputs", num_tokens=t)]
+    return graphs
+
+
+def speculative_serving_graphs(p: dict[str, list[int]], dp: int) -> list[GraphSpec]:
+    """What a server with speculative decoding runs and the warm-up skips (compiled by the runner,
+    aotc/runners/tpu_inference/beyond_warmup.py): the bonus token sampled from model-dtype logits (the warm-up
+    samples float32 ones), the rejection sampler with logprobs (warmed with them off), and, in one data-parallel
+    rank, the split of each step's packed inputs per token bucket x logits bucket (the logits bucket follows the
+    step's draft counts, which no traffic sweep controls)."""
+    tokens, reqs, logits = p["tokens"], p["reqs"], p["logits"]
+    graphs = [GraphSpec.of("bonus_sample", True, num_reqs=r, do_sampling=s, logprobs=lp, allow_distributed_sampling=True)
+              for r in reqs for s in (True, False) for lp in (True, False)]
+    graphs += [GraphSpec.of("rejection_sampler_logprobs", True, num_logits=n, num_reqs=r, do_sampling=s)
+               for n in logits for r in reqs for s in (False, True)]
+    if dp == 1:
+        graphs += [GraphSpec.of("unpack_step_inputs", True, num_tokens=t, num_logits=n) for t, n in _pairs(tokens, logits)]
     return graphs
 
 
