@@ -38,12 +38,14 @@ def main() -> None:
     started = cache_files(cache_dir)
     sent = drive_traffic(llm, entry, payload["seed"], payload["requests"])
     served = cache_files(cache_dir)
-    print(json.dumps({"startup_new": sorted(started - fetched), "traffic_new": sorted(served - started),
-                      "requests": sent, "xla_flags": xla_flags(dict(os.environ))}), flush=True)
-    # The engine's exit-time cleanup would log to stdout after the answer (and vLLM's finalizer that walks
-    # model.modules() fails on a JAX model); the answer is out, nothing is left to write.
+    answer = {"startup_new": sorted(started - fetched), "traffic_new": sorted(served - started), "requests": sent,
+              "xla_flags": xla_flags(dict(os.environ))}
+    # Stop the engine (an engine-core process too, in a multiprocessing layout; its shutdown logs to stdout),
+    # answer, then leave without vLLM's exit-time cleanup, which would log after the answer (and whose
+    # finalizer that walks model.modules() fails on a JAX model).
+    llm.llm_engine.engine_core.shutdown()
+    print(json.dumps(answer), flush=True)
     os._exit(0)
-
 
 if __name__ == "__main__":
     main()
