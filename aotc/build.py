@@ -31,7 +31,7 @@ from aotc.plan import plan_entry
 from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
                                    read_result)
 from aotc.files import replace_dir, sha256_file
-from aotc.reuse import Seed, published_artifact, seed_cache, settle, take_published
+from aotc.reuse import SeededCache, published_artifact, seed_cache, settle, take_published
 from aotc.store import Store
 
 LOG_NAME = "build.log"
@@ -157,7 +157,7 @@ def build_entry(plan: BuildPlan, out: Path, options: BuildOptions = BuildOptions
     loads = entry.backend.cache_loads
     try:
         seeded = seed_cache(store, fingerprint.inputs, staging / CACHE_DIR_NAME) \
-            if store is not None and loads else Seed()
+            if store is not None and loads else SeededCache()
         seeded_at = time.perf_counter()
         result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, **options.runner_request(),
                             on_progress=lambda family, seconds: family in planned_families
@@ -207,13 +207,13 @@ def take_from_store(plan: BuildPlan, store: Store, fingerprint: str, staging: Pa
         compiled=0, reused=len(manifest.files), phases={"store": round(wall, 2)}, source="store")
 
 
-def build_phases(seed: float, runner: float, finish: float, result: BuildResult) -> dict[str, float]:
+def build_phases(seeding: float, runner: float, finish: float, result: BuildResult) -> dict[str, float]:
     """Wall seconds by phase: ``seed`` (planning the staging dir and seeding it from the store), the runner
     process as ``runner_start`` (interpreter, the stack's imports, writing the result: what the runner's
     own phases leave), ``engine`` (the stack's start-up and warm-up) and ``traffic`` (the sweep), then
     ``finish`` (counting reuse, hashing files, the manifest, the swap into place)."""
     engine, traffic = result.engine_start_seconds or 0.0, result.traffic_seconds or 0.0
-    phases = {"seed": seed, "runner_start": runner - engine - traffic, "engine": engine, "traffic": traffic,
+    phases = {"seed": seeding, "runner_start": runner - engine - traffic, "engine": engine, "traffic": traffic,
               "finish": finish}
     return {name: round(seconds, 2) for name, seconds in phases.items()}
 

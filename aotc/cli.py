@@ -119,7 +119,7 @@ def cmd_publish(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
-    from aotc.fetch import DEFAULT_OPTIONAL_DEADLINE, DeadlineExceeded, fetch_artifact, fetch_before
+    from aotc.fetch import DEFAULT_OPTIONAL_DEADLINE, DeadlineExceeded, FetchOptions, fetch_artifact, fetch_before
     from aotc.render import progress_bar, render_fetch
     from aotc.store import resolve_store_url
 
@@ -141,10 +141,11 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
         DEFAULT_OPTIONAL_DEADLINE if args.optional else None)
     if deadline is not None and deadline <= 0:
         raise_usage("fetch --deadline must be > 0 seconds")
-    kwargs = dict(url=url, dest=args.dest, entry=entry, fingerprint=args.fingerprint,
-                  callback=progress_bar(progress_enabled(), "fetch"), cache=node_cache(args))
+    options = FetchOptions(progress=progress_bar(progress_enabled(), "fetch"), cache=node_cache(args),
+                           deadline=deadline)
     try:
-        result = fetch_before(deadline, **kwargs) if deadline else fetch_artifact(**kwargs)
+        fetch = fetch_before if deadline else fetch_artifact
+        result = fetch(url, args.dest, entry, args.fingerprint, options)
     except NotFoundInStore as exc:
         abandoned = isinstance(exc, DeadlineExceeded)  # a stalled thread is left: exit without joining it
         if not optional:

@@ -80,16 +80,30 @@ class FetchResult:
         return data
 
 
-def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | None = None,
-                   callback: Any = None, workers: int = DEFAULT_WORKERS, chunk_size: int = CHUNK_SIZE,
-                   store: Store | None = None, cache: NodeCache | None = None,
-                   cancel: threading.Event | None = None, deadline: float | None = None) -> FetchResult:
-    """``entry`` is a matrix entry (its fingerprint is computed for this environment) or None.
+@dataclass(frozen=True)
+class FetchOptions:
+    """How a fetch runs; what it fetches (store, dest, entry or fingerprint) are ``fetch_artifact``'s own
+    arguments."""
 
-    ``cancel`` set before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``);
-    ``deadline`` (seconds) also bounds how long a node-cache lock's silent holder is waited for.
-    """
+    progress: Any = None
+    """An fsspec callback told the bytes as they arrive (the CLI's progress bar); None: silent."""
+    workers: int = DEFAULT_WORKERS
+    chunk_size: int = CHUNK_SIZE
+    """Bytes per ranged read of a large object."""
+    cache: NodeCache | None = None
+    """The node-local object cache (aotc/store/cache.py); None: straight from the store."""
+    deadline: float | None = None
+    """Seconds the whole fetch may take (``fetch_before``); it also bounds how long a node-cache lock's
+    silent holder is waited for."""
+
+
+def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | None = None,
+                   options: FetchOptions = FetchOptions(), store: Store | None = None,
+                   cancel: threading.Event | None = None) -> FetchResult:
+    """``entry`` is a matrix entry (its fingerprint is computed for this environment) or None. ``cancel`` set
+    before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``)."""
     started = time.monotonic()
+    cache = options.cache
     recover_interrupted_swap(dest)  # first: even a fetch that fails next must not leave dest missing
     manifest = _cached_manifest(cache, entry, fingerprint)
     if manifest is None:
@@ -99,14 +113,14 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
         store = Store.from_url(url)
     # else: a fully warm node needs no store at all (nor gcsfs' import, seconds on a busy node)
     dest = prepare_dest(dest, manifest)
-    meter = Meter(callback, manifest.total_size)
+    meter = Meter(options.progress, manifest.total_size)
     keep = frozenset(f.sha256 for f in manifest.files)
     cache = _make_room(cache, manifest, keep)
     download, placed = None, False
     try:
         with _Staging(dest) as staging:
-            download = _Download(store or _LazyStore(url), manifest, staging.path, meter, workers, chunk_size,
-                                 cache, cancel, lock_stall(deadline))
+            download = _Download(store or _LazyStore(url), manifest, staging.path, meter, options.workers,
+                                 options.chunk_size, cache, cancel, lock_stall(options.deadline))
             download.run()
             write_new(os.path.join(staging.path, MANIFEST_NAME), manifest.to_json().encode())
             if cancel is not None and cancel.is_set():
@@ -160,8 +174,9 @@ def warn_cache_unusable(cache: NodeCache, exc: OSError) -> None:
     logger.warning("node cache %s: %s; fetching from the store", cache.root, exc.strerror or exc)
 
 
-def fetch_before(deadline: float, **kwargs: Any) -> FetchResult:
-    """``fetch_artifact`` that gives up after ``deadline`` seconds with DeadlineExceeded.
+def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None = None,
+                 options: FetchOptions = FetchOptions()) -> FetchResult:
+    """``fetch_artifact`` that gives up after ``options.deadline`` seconds with DeadlineExceeded.
 
     The fetch runs on a daemon thread; one that is stalled in the store's retries is abandoned (its
     staging dir is removed by the next fetch) and told not to swap, so dest stays as it was. The caller
@@ -172,16 +187,16 @@ def fetch_before(deadline: float, **kwargs: Any) -> FetchResult:
 
     def run() -> None:
         try:
-            box["result"] = fetch_artifact(**kwargs, cancel=cancel, deadline=deadline)
+            box["result"] = fetch_artifact(url, dest, entry, fingerprint, options, cancel=cancel)
         except BaseException as exc:  # handed to the caller's thread below
             box["error"] = exc
 
     worker = threading.Thread(target=run, name="aotc-fetch", daemon=True)
     worker.start()
-    worker.join(deadline)
+    worker.join(options.deadline)
     if worker.is_alive():
         cancel.set()
-        raise DeadlineExceeded(f"{kwargs.get('url')} did not deliver the artifact within the {deadline:g} s "
+        raise DeadlineExceeded(f"{url} did not deliver the artifact within the {options.deadline:g} s "
                                "deadline (fetch --deadline)")
     if "error" in box:
         raise box["error"]

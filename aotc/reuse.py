@@ -32,7 +32,7 @@ SHARED_INPUTS = ("runner", "device", "accelerator", "versions", "model", "revisi
 
 
 @dataclass(frozen=True)
-class Seed:
+class SeededCache:
     """What was put into a staging cache: {file name: sha256} and the artifacts it came from."""
 
     files: dict[str, str] = field(default_factory=dict)
@@ -71,7 +71,7 @@ def candidates(store, inputs: dict[str, Any]) -> list[Manifest]:
     return sorted(manifests, key=lambda m: m.created, reverse=True)
 
 
-def seed_cache(store, inputs: dict[str, Any], cache_dir: Path) -> Seed:
+def seed_cache(store, inputs: dict[str, Any], cache_dir: Path) -> SeededCache:
     """Download each cache file the compatible artifacts hold (by sha256, checked) into ``cache_dir``."""
     wanted: dict[str, str] = {}
     sources = []
@@ -80,7 +80,7 @@ def seed_cache(store, inputs: dict[str, Any], cache_dir: Path) -> Seed:
         if new:
             wanted.update(new)
             sources.append(f"{manifest.entry}@{manifest.fingerprint[:12]}")
-    return Seed(download(store, wanted, cache_dir), tuple(sources))
+    return SeededCache(download(store, wanted, cache_dir), tuple(sources))
 
 
 def download(store, wanted: dict[str, str], cache_dir: Path) -> dict[str, str]:
@@ -123,7 +123,7 @@ def take_published(store, manifest: Manifest, artifact_dir: Path) -> bool:
     return True
 
 
-def settle(seed: Seed, cache_dir: Path, result: BuildResult) -> Reuse:
+def settle(seed: SeededCache, cache_dir: Path, result: BuildResult) -> Reuse:
     """After the build: drop seeded files the entry never read; count compiled vs reused cache files.
     ``result`` carries the runner's ``cache_reads`` / ``cache_writes`` (file names)."""
     reads, writes = set(result.cache_reads), set(result.cache_writes)

@@ -47,7 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aotc.fetch import CHUNK_SIZE, DEFAULT_WORKERS, fetch_artifact  # noqa: E402
+from aotc.fetch import CHUNK_SIZE, DEFAULT_WORKERS, FetchOptions, fetch_artifact  # noqa: E402
 from aotc.manifest import Manifest  # noqa: E402
 from aotc.publish import publish_artifacts  # noqa: E402
 from aotc.store import Store  # noqa: E402
@@ -278,8 +278,8 @@ def main() -> None:
             return str(path)
 
         def aotc_fetch(dest: str, cache: NodeCache | None = None) -> Any:
-            return fetch_artifact(url, dest, fingerprint=manifest.fingerprint, workers=args.workers,
-                                  chunk_size=chunk, store=through_proxy(), cache=cache)
+            return fetch_artifact(url, dest, fingerprint=manifest.fingerprint, store=through_proxy(),
+                                  options=FetchOptions(workers=args.workers, chunk_size=chunk, cache=cache))
 
         def unverified(dest: str) -> None:
             with sha256_switched_off():

@@ -16,7 +16,7 @@ from aotc.manifest import RUNTIME, GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.publish import publish_artifacts
-from aotc.reuse import Seed, published_artifact, seed_cache, settle, take_published
+from aotc.reuse import SeededCache, published_artifact, seed_cache, settle, take_published
 from aotc.runners.protocol import BuildResult
 from aotc.store import Store
 from aotc.testing.artifacts import make_artifact, tree
@@ -52,7 +52,7 @@ def test_seeds_only_compatible_artifacts_files_checked_by_sha256(tmp_path):
 def test_no_store_seeds_nothing(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    assert seed_cache(Store.from_url(str(tmp_path / "absent")), STACK, cache) == Seed()
+    assert seed_cache(Store.from_url(str(tmp_path / "absent")), STACK, cache) == SeededCache()
 
 
 def test_settle_counts_reads_and_writes_and_drops_unread_seeds(tmp_path):
@@ -60,7 +60,7 @@ def test_settle_counts_reads_and_writes_and_drops_unread_seeds(tmp_path):
     cache.mkdir()
     for name in ("jit_a-1-cache", "jit_b-2-cache", "jit_new-9-cache"):
         (cache / name).write_bytes(b"x")
-    seed = Seed({"jit_a-1-cache": "s1", "jit_b-2-cache": "s2"}, ("tiny--seqs8@abc",))
+    seed = SeededCache({"jit_a-1-cache": "s1", "jit_b-2-cache": "s2"}, ("tiny--seqs8@abc",))
     reuse = settle(seed, cache, BuildResult(cache_reads=["jit_a-1-cache"], cache_writes=["jit_new-9-cache"]))
     assert (reuse.compiled, reuse.reused, reuse.seeded, reuse.dropped) == (1, 1, 2, 1)
     assert sorted(p.name for p in cache.iterdir()) == ["jit_a-1-cache", "jit_new-9-cache"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aotc.errors import IntegrityError, NotFoundInStore
-from aotc.fetch import fetch_artifact
+from aotc.fetch import FetchOptions, fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import ALREADY, OTHER_WON, PUBLISHED, publish_artifacts
 from aotc.store import Store
@@ -36,8 +36,8 @@ class StoreContract:
     def publish(self, url: str, *dirs: Path):
         return publish_artifacts([str(d) for d in dirs], url)
 
-    def fetch(self, url: str, artifact: Path, dest: Path, **kw):
-        return fetch_artifact(url, str(dest), fingerprint=fingerprint_of(artifact), **kw)
+    def fetch(self, url: str, artifact: Path, dest: Path, **options):
+        return fetch_artifact(url, str(dest), fingerprint=fingerprint_of(artifact), options=FetchOptions(**options))
 
     # round trip and dedup
 
@@ -376,6 +376,7 @@ def test_progress_goes_through_the_callback(memory_url, artifacts, tmp_path, cap
     publish_artifacts([str(art)], memory_url, callback=Recorder())
     assert seen[-1] == Manifest.load(art).total_size
     seen.clear()
-    fetch_artifact(memory_url, str(tmp_path / "d"), fingerprint=fingerprint_of(art), callback=Recorder())
+    fetch_artifact(memory_url, str(tmp_path / "d"), fingerprint=fingerprint_of(art),
+                   options=FetchOptions(progress=Recorder()))
     assert seen[-1] == Manifest.load(art).total_size
     assert capsys.readouterr() == ("", "")  # the library itself never prints; the CLI draws the bar

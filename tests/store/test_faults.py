@@ -9,7 +9,7 @@ import os
 import pytest
 
 from aotc.errors import IntegrityError
-from aotc.fetch import fetch_artifact
+from aotc.fetch import FetchOptions, fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import PUBLISHED, publish_artifacts
 from aotc.store import Store
@@ -48,7 +48,7 @@ def test_fetch_survives_503_resets_and_short_bodies(url, art, proxy, tmp_path):
     proxy.add("truncate", MANIFEST_GET, times=1)  # 200 with half the body: only the parser sees it
     proxy.add("truncate", OBJECT_GET, times=2)  # ... only the size/sha check sees it
     result = fetch_artifact(url, str(tmp_path / "dest"), fingerprint=Manifest.load(art).fingerprint,
-                            chunk_size=1 << 20)
+                            options=FetchOptions(chunk_size=1 << 20))
     assert tree(tmp_path / "dest") == expected_dest(art)
     assert proxy.injected["503"] >= 11 and proxy.injected["truncate"] == 3
     assert result.retried_objects >= 1
