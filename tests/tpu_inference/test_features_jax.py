@@ -6,6 +6,7 @@ ties it to tpu-inference's own capture_model), never from a previous run."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,28 @@ def test_eagle3_plan_lists_the_drafters_helpers_with_async_scheduling_on():
     assert "subtract_num_rejected_tokens" in families
     draft = MATRIX.entry(EAGLE3).engine["speculative_config"]["model"]
     assert draft == str(REPO / "configs" / "models" / "tiny-llama-eagle3")
+
+
+TPU_OPTION_JITS = """
+import jax, jax.numpy as jnp
+from aotc.runners.tpu_inference.twin import jit_without_tpu_options
+options = {"xla_tpu_all_gather_collective_matmul_mode": "post_spmd_conservative"}
+jit = jit_without_tpu_options(jax.jit)
+called = jit(lambda x: x + 1, compiler_options=options)
+@jit(compiler_options=options)  # the decorator-factory form eagle3's _propose uses
+def decorated(x):
+    return x * 2
+print(int(called(jnp.int32(1))), int(decorated(jnp.int32(3))))
+"""
+
+
+def test_the_twin_compiles_jits_that_name_tpu_only_compiler_options(jax_env):
+    """The drafters' propose steps name TPU compiler options at class definition; XLA:CPU refuses them, the
+    twin's jit drops them and compiles the same function."""
+    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", TPU_OPTION_JITS], capture_output=True,
+                          text=True, env={**jax_env, "JAX_PLATFORMS": "cpu"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["2", "6"]
 
 
 @pytest.mark.slow
