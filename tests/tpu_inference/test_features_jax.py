@@ -102,14 +102,13 @@ def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "measured: 0 compiles after ready, but the stack fails every request asking for logprobs with HTTP 500: "
-    "the API server's output handler dies detokenizing a negative token id in the speculative-decoding "
-    "logprobs (OverflowError: number too small to fit in target type)"))
 def test_eagle3_canary_compiles_nothing_after_ready(jax_env, built, tmp_path):
+    """The stock server with the eagle3 draft, from the published artifact: nothing compiles after ready."""
     from tests.helpers.canary import canary, publish_copy
 
     store, _ = publish_copy(Path(built[EAGLE3]["artifact_dir"]), tmp_path, jax_env)
     code, doc, err = canary(CONFIG, EAGLE3, store, jax_env)
-    assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0, (doc.get("verdict"), err[-2000:])
-    assert code == 0 and doc["failed_requests"] == 0, (doc.get("verdict"), doc.get("failures"))
+    assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
+    assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0 and doc["failed_requests"] == 0
+    # what vLLM refuses, and logprobs (at times a negative token id kills the API server's output handler)
+    assert {line.split()[0] for line in doc["limitations"]} >= {"min_p", "logprobs"}
