@@ -363,9 +363,14 @@ def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, s
     return {**{k: doc[k] for k in keep if k in doc}, "failed": max(0, requests - completed), "problems": []}
 
 
-# What vLLM's front end refuses with speculative decoding, whatever the stack (HTTP 400: "The min_p and
-# logit_bias sampling parameters are not yet supported with speculative decoding").
-SPECULATIVE_UNSERVED = {"min_p": "vLLM refuses min_p with speculative decoding"}
+# With speculative decoding: what vLLM's front end refuses (HTTP 400: "The min_p and logit_bias sampling
+# parameters are not yet supported with speculative decoding"), and sampled-token logprobs, which at times carry a
+# negative token id that kills the API server's output handler (every request in flight fails with HTTP 500).
+SPECULATIVE_UNSERVED = {
+    "min_p": "vLLM refuses min_p with speculative decoding",
+    "logprobs": "with speculative decoding the stack's logprobs at times hold a negative token id, and the API "
+                "server's output handler dies detokenizing it (OverflowError; every request in flight fails)",
+}
 
 
 def unserved_options(entry: Entry) -> dict[str, str]:
