@@ -22,14 +22,14 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
-from aotc.fingerprint import Fingerprint, fingerprint_entry, runner_python
+from aotc.fingerprint import Fingerprint, fingerprint_entry, pin_kv
+from aotc.runners.spec import runner_python
 from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.plan import plan_entry
 from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
                                    read_result)
-from aotc.runners.spec import load_runner
 from aotc.files import replace_dir, sha256_file
 from aotc.reuse import Seed, published_artifact, seed_cache, settle, take_published
 from aotc.store import Store
@@ -97,60 +97,79 @@ def shard_entries(entries: list[Entry], shard: str | None) -> list[Entry]:
     return sorted(entries, key=lambda e: e.name)[index::count]
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """How every entry of one ``aotc build`` is built."""
+
+    traffic_requests: int = 32
+    """Requests in the runner's sweep of real traffic (graphs only a running server reaches)."""
+    seed: int = 0
+    """The sweep's random seed."""
+    precompile_workers: int | None = None
+    """The backend's own parallel precompile (tpu-inference's NUM_PRECOMPILE_WORKERS); None: its default."""
+    store: Store | None = None
+    """Reuse this store's compatible artifacts (and, where the stack's cache loads, their graphs)."""
+
+    def check(self) -> None:
+        if self.precompile_workers is not None and self.precompile_workers < 1:
+            raise BadInput(f"--precompile-workers must be at least 1, got {self.precompile_workers}")
+
+    def runner_request(self) -> dict[str, Any]:
+        """The runner protocol's fields for these options (aotc/runners/protocol.py: Request)."""
+        return {"traffic": self.traffic_requests, "seed": self.seed, "precompile_workers": self.precompile_workers}
+
+
 def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str | Path = "artifacts",
-                 jobs: int = 1, shard: str | None = None, traffic: int = 32, seed: int = 0,
-                 events: BuildEvents | None = None, store: Store | None = None,
-                 precompile_workers: int | None = None) -> BuildReport:
-    """``store``: reuse its compatible artifacts' graphs (runners whose cache loads); ``precompile_workers``:
-    the backend's own parallel precompile (tpu-inference's NUM_PRECOMPILE_WORKERS)."""
+                 jobs: int = 1, shard: str | None = None, options: BuildOptions = BuildOptions(),
+                 events: BuildEvents | None = None) -> BuildReport:
     if jobs < 1:
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
-    if precompile_workers is not None and precompile_workers < 1:
-        raise BadInput(f"--precompile-workers must be at least 1, got {precompile_workers}")
+    options.check()
     selected = shard_entries(matrix.select(entries), shard)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plans = [plan_entry(e) for e in selected]
+    # the KV page count in every entry's engine arguments: the runner, the manifest's build.entry (verify
+    # plans from it) and the fingerprint all carry the one the stack sized (fingerprint.entry_kv_blocks)
+    plans = [plan_entry(pin_kv(e, runner_process_env(e))) for e in selected]
     start = time.perf_counter()
     events = events or BuildEvents()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda p: build_entry(p, out, traffic, seed, events, store=store,
-                                                      precompile_workers=precompile_workers), plans))
+        results = list(pool.map(lambda p: build_entry(p, out, options, events), plans))
     return BuildReport(tuple(results), time.perf_counter() - start)
 
 
-def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: BuildEvents | None = None,
-                store: Store | None = None, precompile_workers: int | None = None) -> EntryBuild:
-    entry = plan.entry
+def build_entry(plan: BuildPlan, out: Path, options: BuildOptions = BuildOptions(),
+                events: BuildEvents | None = None) -> EntryBuild:
+    entry, store = plan.entry, options.store
     events = events or BuildEvents()
     final = out / entry.name
     staging = out / f".{entry.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     (staging / CACHE_DIR_NAME).mkdir(parents=True)
     start = time.perf_counter()
-    fingerprint = fingerprint_entry(entry, runner_env(entry))
-    if store is not None and (taken := take_from_store(plan, store, fingerprint.digest, staging, final, traffic,
-                                                       seed, start)):
+    fingerprint = fingerprint_entry(entry, runner_process_env(entry))
+    if store is not None and (taken := take_from_store(plan, store, fingerprint.digest, staging, final, options,
+                                                       start)):
         events.finished(taken)
         return taken
     events.started(entry.name, len(plan.graphs))
     planned_families = plan.families()
-    loads = load_runner(entry.runner).cache_loads
+    loads = entry.backend.cache_loads
     try:
         seeded = seed_cache(store, fingerprint.inputs, staging / CACHE_DIR_NAME) \
             if store is not None and loads else Seed()
         seeded_at = time.perf_counter()
-        result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, traffic=traffic, seed=seed,
-                            precompile_workers=precompile_workers,
+        result = run_runner("build", plan, staging / CACHE_DIR_NAME, staging, **options.runner_request(),
                             on_progress=lambda family, seconds: family in planned_families
                             and events.family(entry.name, family, seconds))
         ran_at = time.perf_counter()
         graphs, problems = plan_coverage(plan, result)
         reuse = settle(seeded, staging / CACHE_DIR_NAME, result) if loads else None
-        options = {"precompile_workers": precompile_workers} if precompile_workers else {}
+        recorded = {"precompile_workers": options.precompile_workers} if options.precompile_workers else {}
         if reuse is not None:
-            options["reuse"] = reuse.to_dict()
-        manifest = make_manifest(plan, fingerprint, staging, result, graphs, traffic=traffic, seed=seed, **options)
+            recorded["reuse"] = reuse.to_dict()
+        manifest = make_manifest(plan, fingerprint, staging, result, graphs, traffic=options.traffic_requests,
+                                 seed=options.seed, **recorded)
         manifest.save(staging)
         if problems or result.error:
             report = _failed(entry, plan, start, result.error or problems[0], staging, problems)
@@ -170,11 +189,11 @@ def build_entry(plan: BuildPlan, out: Path, traffic: int, seed: int, events: Bui
     return report
 
 
-def take_from_store(plan: BuildPlan, store: Store, fingerprint: str, staging: Path, final: Path, traffic: int,
-                    seed: int, start: float) -> EntryBuild | None:
+def take_from_store(plan: BuildPlan, store: Store, fingerprint: str, staging: Path, final: Path,
+                    options: BuildOptions, start: float) -> EntryBuild | None:
     """The entry as published, if the store holds it as this build would make it (aotc/reuse.py:
     published_artifact): no runner starts. None (staging left empty) where it must be built."""
-    manifest = published_artifact(store, plan, fingerprint, traffic, seed)
+    manifest = published_artifact(store, plan, fingerprint, options.traffic_requests, options.seed)
     if manifest is None or not take_published(store, manifest, staging):
         shutil.rmtree(staging / CACHE_DIR_NAME)
         (staging / CACHE_DIR_NAME).mkdir()
@@ -236,7 +255,7 @@ class RunnerFailed(Exception):
     pass
 
 
-def runner_env(entry: Entry) -> dict[str, str]:
+def runner_process_env(entry: Entry) -> dict[str, str]:
     env = dict(os.environ)
     env.update({k: str(v) for k, v in entry.env.items()})
     return env
@@ -252,13 +271,13 @@ def run_runner(mode: Mode, plan: BuildPlan, cache_dir: Path, work_dir: Path,
     request_path.write_text(request.model_dump_json(indent=1))
     result_path.unlink(missing_ok=True)
     log_path = work_dir / f"{mode}.log"
-    spec = load_runner(plan.entry.runner)
+    spec = plan.entry.backend
     read_fd, write_fd = os.pipe()
     try:
         with open(log_path, "w") as log:
             proc = subprocess.Popen([runner_python(spec.name), "-m", spec.module, mode, str(request_path),
                                      str(result_path)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=runner_env(plan.entry) | {PROGRESS_FD_ENV: str(write_fd)}, pass_fds=(write_fd,))
+                                    env=runner_process_env(plan.entry) | {PROGRESS_FD_ENV: str(write_fd)}, pass_fds=(write_fd,))
     finally:
         os.close(write_fd)
     progress = _ProgressReader(read_fd, on_progress or (lambda family, seconds: None))

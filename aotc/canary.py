@@ -8,7 +8,8 @@
    chunked across steps, shared prefixes, ...). A kind the stack refuses is its limitation, not a request
    served. An entry with ``enable_lora`` serves an adapter (the matrix's ``lora_modules``, else a random one
    shaped for the model, aotc/runners/lora.py); every load names the base model and the adapters mixed, and
-   one more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded.
+   one more adapter is loaded at run time (``/v1/load_lora_adapter``), sent requests and unloaded. A
+   vision-language entry also gets chat requests with images of the sizes the runner's plan names.
 4. Evidence, strongest first: files the server wrote into the private cache (a new file is a graph the
    artifact lacks; a rewritten one a cached graph compiled again, torch_xla 2.9.0's case); the runner's
    own cache log where it has one (tpu-inference: JAX's per-lookup hit / miss lines, by phase); the
@@ -41,10 +42,11 @@ from aotc.canary_requests import Planned, RequestLimits, plan_requests
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
+from aotc.matrix import hf_config
 from aotc.runners.lora import ADAPTER_NAME, write_adapter
-from aotc.runners.spec import load_runner
 from aotc.runners.traffic import lora_slots
-from aotc.server import Server, ServerCommand, free_port, lora_module_map, serve_command
+from aotc.processes import free_port
+from aotc.server import Server, ServerCommand, lora_module_map, serve_command
 
 LOADABILITY_REFERENCE = "pytorch/xla#9094"
 # The guard's series on vLLM's /metrics (aotc/guard_metrics.py), e.g. aotc_compiles_after_ready_total{family="cached"} 1.0
@@ -249,7 +251,7 @@ def fetch(config: str, entry: str, store: str | None, dest: Path, command: Serve
 def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, manifest: Manifest,
                result: CanaryResult, requests: int, seed: int, log, adapters: Adapters | None = None) -> None:
     adapters = adapters or Adapters()
-    cache_log = runner_cache_log(entry.runner)
+    cache_log = entry.backend.cache_log()
     command = ServerCommand(command.argv, {**command.env, **cache_log.get("env", {})}, command.host, command.port)
     server_log = work / "server.log"
     before = Snapshot.of(cache)
@@ -260,9 +262,10 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         at_ready = Snapshot.of(cache)
         log(f"ready after {result.ready_seconds} s; driving {requests} requests and the request kinds")
         models = adapters.models(command.model)
-        unserved = load_runner(entry.runner).unserved
+        unserved = unserved_options(entry)
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
-        planned = plan_requests(RequestLimits.of(entry, adapters.named), seed, unserved)
+        images = entry.backend.traffic_images(entry, hf_config(entry))
+        planned = plan_requests(RequestLimits.of(entry, adapters.named, images), seed, unserved)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(run_bench, entry, command, work, requests, seed, models)
             wait_for_load(command.url, load)
@@ -306,13 +309,6 @@ def phase(before: Snapshot, after: Snapshot, log_text: str, cache_log: dict[str,
 def cache_key(path: str) -> str:
     """A cache file's key: its name without the stack's suffix (JAX writes ``<key>-cache``)."""
     return path.removesuffix("-cache")
-
-
-def runner_cache_log(runner: str) -> dict[str, Any]:
-    """The runner's per-lookup log, if its stack has one: {"env": ..., "hit": regex, "miss": regex}, each
-    regex with two groups (graph name, cache key). Logging only: no key changes."""
-    spec = load_runner(runner)
-    return spec.load("cache_log")() if spec.cache_log else {}
 
 
 def name_graphs(manifest: Manifest, keys: Iterable[str]) -> list[str]:
@@ -365,6 +361,20 @@ def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, s
     keep = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "mean_ttft_ms",
             "max_concurrency", "duration")
     return {**{k: doc[k] for k in keep if k in doc}, "failed": max(0, requests - completed), "problems": []}
+
+
+# What vLLM's front end refuses with speculative decoding, whatever the stack (HTTP 400: "The min_p and
+# logit_bias sampling parameters are not yet supported with speculative decoding").
+SPECULATIVE_UNSERVED = {"min_p": "vLLM refuses min_p with speculative decoding"}
+
+
+def unserved_options(entry: Entry) -> dict[str, str]:
+    """Request options the stock server cannot serve for this entry: the stack's (RunnerSpec.unserved), and
+    with speculative decoding vLLM's own refusals."""
+    unserved = dict(entry.backend.unserved)
+    if entry.engine.get("speculative_config"):
+        unserved.update(SPECULATIVE_UNSERVED)
+    return unserved
 
 
 def wait_for_load(url: str, load: concurrent.futures.Future, patience: float = 120) -> None:
@@ -552,31 +562,3 @@ def scrape_guard(url: str) -> dict[str, float] | None:
         return None
     series = {name + (labels or ""): float(value) for name, labels, value in GUARD_METRIC.findall(text)}
     return series or None
-
-
-def render_canary(result: CanaryResult, console) -> None:
-    s, r = result.startup, result.serving
-    console.print(f"[bold]{result.entry}[/bold]  {result.fingerprint[:12]}  ready {result.ready_seconds} s, "
-                  f"{result.requests} requests ({result.failed_requests} failed)")
-    lookups = f", {s.hits}/{s.lookups} lookups hit" if s.lookups is not None else ""
-    console.print(f"  start-up: {len(s.missing)} graphs the cache lacks, {len(s.rewritten_files)} cached graphs "
-                  f"recompiled{lookups}")
-    console.print(f"  after ready: {len(r.missing)} graphs the cache lacks, {len(r.rewritten_files)} cached graphs "
-                  f"recompiled" + (f", {r.hits}/{r.lookups} lookups hit" if r.lookups is not None else ""))
-    for name in result.graphs_missing:
-        console.print(f"  [red]compiled, not in the cache:[/red] {name}")
-    for problem in result.problems:
-        console.print(f"  [red]problem:[/red] {problem}")
-    style = "red" if result.unexplained_failures else "yellow"  # yellow: strict on a recompiled cached graph
-    for failure in result.failures:
-        console.print(f"  [{style}]failed request:[/{style}] {failure}")
-    for name, kind in result.kinds.items():
-        console.print(f"  {name}: " + (f"not sent ({kind.not_sent})" if kind.not_sent else
-                                       f"{kind.ok}/{kind.sent} served" + (f", {kind.rejected} refused by the stack"
-                                                                         if kind.rejected else "")
-                                       + (f", {kind.failed} failed" if kind.failed else "")))
-    for limitation in result.limitations:
-        console.print(f"  [yellow]limitation:[/yellow] {limitation}")
-    if result.guard:
-        console.print("  guard: " + ", ".join(f"{k} {v:g}" for k, v in sorted(result.guard.items())))
-    console.print(result.verdict)

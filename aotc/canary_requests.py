@@ -53,9 +53,14 @@ class RequestLimits:
     lora_names: tuple[str, ...] = ()
     speculative: bool = False
     data_parallel_size: int = 1
+    images: tuple[tuple[int, int, int], ...] = ()
+    """(height, width, image tokens) the runner's plan covers (``RunnerSpec.traffic_images``); () text only."""
+    images_per_prompt: int = 1
+    """vLLM's ``limit_mm_per_prompt`` for images (its default: one)."""
 
     @classmethod
-    def of(cls, entry, lora_names: tuple[str, ...] = ()) -> RequestLimits:
+    def of(cls, entry, lora_names: tuple[str, ...] = (),
+           images: tuple[tuple[int, int, int], ...] = ()) -> RequestLimits:
         """From a matrix Entry; the vocabulary from the model's local config.json when it has one."""
         engine = {key.replace("-", "_"): value for key, value in entry.engine.items()}
         vocab = FALLBACK_VOCAB
@@ -63,7 +68,8 @@ class RequestLimits:
             vocab = int(json.loads(entry.model_config_path.read_text()).get("vocab_size") or FALLBACK_VOCAB)
         return cls(entry.max_model_len, entry.max_num_batched_tokens, entry.max_num_seqs, vocab,
                    tuple(lora_names), bool(engine.get("speculative_config")),
-                   int(engine.get("data_parallel_size") or 1))
+                   int(engine.get("data_parallel_size") or 1), tuple(images),
+                   int((engine.get("limit_mm_per_prompt") or {}).get("image", 1)))
 
     @property
     def longest_prompt(self) -> int:
@@ -177,6 +183,35 @@ def _needs(attribute: str, what: str) -> Callable[[RequestLimits], str | None]:
     return lambda limits: None if getattr(limits, attribute) else f"the entry has no {what}"
 
 
+def png_data_url(height: int, width: int, rng: random.Random, noise: bool) -> str:
+    """A solid or noise RGB PNG as a data URL (Pillow, which vLLM's image loading needs anyway)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    if noise:
+        image = Image.frombytes("RGB", (width, height), rng.randbytes(width * height * 3))
+    else:
+        image = Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _images(limits, rng):
+    """Chat turns: each planned image size alone (solid, then noise), two images in one message where the
+    limit allows, and text-only turns in the same wave."""
+    pictures = [[png_data_url(h, w, rng, noise)] for h, w, _ in limits.images for noise in (False, True)]
+    if len(limits.images) > 1 and limits.images_per_prompt > 1:
+        pictures.append([png_data_url(h, w, rng, True) for h, w, _ in limits.images[:2]])
+    contents = [[{"type": "text", "text": "what is in the picture"},
+                 *({"type": "image_url", "image_url": {"url": url}} for url in urls)] for urls in pictures]
+    contents += [[{"type": "text", "text": "and without a picture"}]] * max(1, len(pictures) // 2)
+    return [{"messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS,
+             "temperature": 0.0 if k % 2 else 0.8} for k, content in enumerate(contents)]
+
+
 def _one_dp_rank(limits: RequestLimits) -> str | None:
     # tpu-inference's DP scheduler pickles each request to its rank; a structured-output request's grammar
     # (it holds a lock) cannot be, so it fails there (docs/design.md, "Plan").
@@ -224,6 +259,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("seed", COMPLETIONS, ("seed",), lambda l, r: [prompt(r, l, temperature=0.8, seed=1234)]),
     Kind("lora", COMPLETIONS, ("model",), _lora, _needs("lora_names", "LoRA adapters")),
     Kind("speculative", COMPLETIONS, ("prompt",), _speculative, _needs("speculative", "speculative decoding")),
+    Kind("images", CHAT, ("messages",), _images, _needs("images", "image inputs")),
 )
 
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from aotc.processes import exit_now
 from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, NotFoundInStore
 
 ENV_REQUIRE = "AOTC_REQUIRE"  # fetch --optional: "1" turns a missing artifact back into exit 3
@@ -23,6 +24,11 @@ class Output:
 
     def __init__(self, as_json: bool = False):
         self.as_json = as_json
+
+    def status(self, lines: list[str]) -> None:
+        """Lines for the operator on stderr, with or without --json (stdout stays the result)."""
+        for line in lines:
+            print(f"aotc: {line}", file=sys.stderr)
 
     def emit(self, data: Any, render: Callable[[], None] | None = None) -> None:
         if self.as_json or render is None:
@@ -73,7 +79,7 @@ def cmd_fingerprint(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_build(args: argparse.Namespace, out: Output) -> int:
-    from aotc.build import build_matrix
+    from aotc.build import BuildOptions, build_matrix
     from aotc.matrix import load_matrix
     from aotc.render import BuildProgressLines, render_build
 
@@ -83,9 +89,10 @@ def cmd_build(args: argparse.Namespace, out: Output) -> int:
         from aotc.store import Store, resolve_store_url
 
         store = Store.from_url(resolve_store_url(args.store, matrix.store))
-    report = build_matrix(matrix, entries=args.entry, out_dir=args.out, jobs=args.jobs,
-                          shard=args.shard, traffic=args.traffic, seed=args.seed, events=BuildProgressLines(),
-                          store=store, precompile_workers=args.precompile_workers)
+    options = BuildOptions(traffic_requests=args.traffic, seed=args.seed, precompile_workers=args.precompile_workers,
+                           store=store)
+    report = build_matrix(matrix, entries=args.entry, out_dir=args.out, jobs=args.jobs, shard=args.shard,
+                          options=options, events=BuildProgressLines())
     out.emit(report.to_dict(), lambda: render_build(report, console()))
     return 0 if report.ok else EXIT_CHECK_FAILED
 
@@ -144,10 +151,10 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
             if not abandoned:
                 raise
             print(f"aotc: error: {exc}", file=sys.stderr)
-            _exit_now(exc.exit_code)
+            exit_now(exc.exit_code)
         code = continue_without_artifact(exc, args.dest, out)
         if abandoned:
-            _exit_now(code)
+            exit_now(code)
         return code
     out.emit(result.to_dict(), lambda: render_fetch(result, console()))
     return 0
@@ -173,13 +180,6 @@ def node_cache(args: argparse.Namespace) -> Any:
         return None
 
 
-def _exit_now(code: int) -> None:
-    """After an abandoned fetch: leave without joining the stalled thread's pools."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def fetch_required() -> bool:
     value = os.environ.get(ENV_REQUIRE, "").strip().lower()
     if value not in ("", "0", "1", "true", "false", "yes", "no"):
@@ -198,10 +198,10 @@ def continue_without_artifact(exc: NotFoundInStore, dest: str, out: Output) -> i
 
 def cmd_ls(args: argparse.Namespace, out: Output) -> int:
     from aotc.render import print_warnings, render_ls
-    from aotc.store import Store, resolve_store_url
+    from aotc.store import Store, resolve_store_url, scan_store
 
     url = resolve_store_url(args.store)
-    info = Store.from_url(url).scan()
+    info = scan_store(Store.from_url(url))
     print_warnings(info.warnings)
     out.emit(info.to_dict(), lambda: render_ls(info, console()))
     return 0
@@ -209,12 +209,12 @@ def cmd_ls(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_gc(args: argparse.Namespace, out: Output) -> int:
     from aotc.render import print_warnings, render_gc
-    from aotc.store import Store, resolve_store_url
+    from aotc.store import Store, resolve_store_url, scan_store
 
     url = resolve_store_url(args.store)
     store = Store.from_url(url)
     min_age = gc_min_age(args)
-    strategy = store.scan().gc(keep=args.keep, min_age=min_age)
+    strategy = scan_store(store).gc(keep=args.keep, min_age=min_age)
     print_warnings(strategy.warnings)
     report = None if args.dry_run else strategy.execute(store)
     out.emit(strategy.to_dict() | {"dry_run": args.dry_run, "store": url,
@@ -224,7 +224,7 @@ def cmd_gc(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_break_lease(args: argparse.Namespace, out: Output) -> int:
-    from aotc.render import render_leases
+    from aotc.render import lease_lines
     from aotc.store import Store, resolve_store_url
     from aotc.store.leases import break_leases
 
@@ -234,7 +234,7 @@ def cmd_break_lease(args: argparse.Namespace, out: Output) -> int:
     store = Store.from_url(url)
     store.require()
     decisions = break_leases(store, kind=args.kind, older_than=args.older_than, force=args.force)
-    render_leases(decisions)
+    out.status(lease_lines(decisions))
     if out.as_json:
         out.emit({"store": url, "removed": [d.to_dict() for d in decisions if d.removed],
                   "refused": [d.to_dict() for d in decisions if not d.removed]})
@@ -243,10 +243,10 @@ def cmd_break_lease(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_completeness(args: argparse.Namespace, out: Output) -> int:
     from aotc.completeness import check_completeness
-    from aotc.render import render_completeness
+    from aotc.render import completeness_lines
 
     report = check_completeness(args.config, args.store)
-    render_completeness(report)
+    out.status(completeness_lines(report))
     if out.as_json:
         out.emit(report.to_dict())
     return EXIT_NOT_FOUND if report.missing else 0
@@ -265,18 +265,18 @@ def gc_min_age(args: argparse.Namespace) -> float:
 
 
 def cmd_report(args: argparse.Namespace, out: Output) -> int:
-    from aotc.report import build_report, render_build, render_store, store_report, write_report
+    from aotc.report import build_report, html_build, html_store, store_report, write_report
     from aotc.store import resolve_store_url
 
     if args.artifact_dir and args.store:
         raise_usage("report takes either ARTIFACT_DIR... or --store URL, not both")
     if args.artifact_dir:
         data = build_report(args.artifact_dir)
-        kind, text, entries = "build", render_build(data), len(data.entries)
+        kind, text, entries = "build", html_build(data), len(data.entries)
     else:
         url = resolve_store_url(args.store)
         store = store_report(url, keep=args.keep, min_age=gc_min_age(args))
-        kind, text, entries = "store", render_store(store), len(store.info.entries)
+        kind, text, entries = "store", html_store(store), len(store.info.entries)
     path = write_report(text, args.out)
     out.emit({"report": str(path), "kind": kind, "entries": entries},
              lambda: print(f"aotc report: wrote {path} ({kind}, {entries} entries)"))
@@ -293,7 +293,8 @@ def cmd_doctor(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_canary(args: argparse.Namespace, out: Output) -> int:
-    from aotc.canary import render_canary, run_canary
+    from aotc.canary import run_canary
+    from aotc.render import render_canary
     from aotc.matrix import load_matrix
     from aotc.store import resolve_store_url
 

@@ -8,7 +8,6 @@ the builders' image and environment. The CLI exits 0 when complete, 3 when somet
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +49,3 @@ def check_completeness(config: str, store_url: str | None) -> CompletenessReport
         digest = fingerprint_entry(entry).digest
         rows.append(EntryStatus(entry.name, digest, bool(store.fs.exists(store.manifest_path(entry.name, digest)))))
     return CompletenessReport(config, store.url, tuple(rows))
-
-
-if __name__ == "__main__":  # the older spelling, ``python -m aotc.completeness CONFIG``: same command
-    from aotc.cli import main
-
-    sys.exit(main(["completeness", *sys.argv[1:], "--json"]))

@@ -13,7 +13,8 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
-from aotc.fingerprint import runner_python, runner_versions, xla_flags
+from aotc.runners.flags import xla_flags
+from aotc.runners.spec import runner_python, runner_versions
 from aotc.runners.spec import DEFAULT_RUNNER, RunnerSpec, load_runner, registered
 
 # present only where TPU hardware is (a CPU-only machine builds on the twin without it)
@@ -52,7 +53,7 @@ def run_doctor(probe: bool = True) -> dict[str, Any]:
             hint = f"{load_runner(runner).python_env} names its interpreter"
             report["problems"].append(f"{runner}: {info['versions']['error']} ({hint})")
     spec = load_runner(DEFAULT_RUNNER)
-    if probe and not missing and spec.probe:
-        report["loadability"] = spec.load("probe")()
+    if probe and not missing and (loadability := spec.probe()) is not None:
+        report["loadability"] = loadability
     report["ok"] = not missing
     return report

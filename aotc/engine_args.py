@@ -45,8 +45,23 @@ def normalize(key: str) -> str:
 
 
 def graph_args(engine: dict[str, Any]) -> dict[str, Any]:
-    """The engine arguments that can change a graph or its key: all but the pod-only ones, sorted."""
-    return {k: engine[k] for k in sorted(engine) if k not in POD_ONLY_ARGS}
+    """The engine arguments that can change a graph or its key: all but the pod-only ones, sorted; a local
+    speculative draft model as ``portable_draft`` names it."""
+    args = {k: engine[k] for k in sorted(engine) if k not in POD_ONLY_ARGS}
+    if isinstance(args.get("speculative_config"), dict):
+        args["speculative_config"] = portable_draft(args["speculative_config"])
+    return args
+
+
+def portable_draft(spec: dict[str, Any]) -> dict[str, Any]:
+    """A draft model in a local dir (the matrix made its path absolute) is identified by its dir's name and
+    its config.json's sha256, not by where it lies on this machine, as the target model is."""
+    model = spec.get("model")
+    config = Path(model) / "config.json" if isinstance(model, str) and os.path.isabs(model) else None
+    if config is None or not config.is_file():
+        return spec
+    digest = hashlib.sha256(config.read_bytes()).hexdigest()
+    return {**spec, "model": os.path.basename(model.rstrip("/")), "model_config_sha256": digest}
 
 
 def with_hf_overrides(config: dict[str, Any] | None, engine: dict[str, Any]) -> dict[str, Any] | None:

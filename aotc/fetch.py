@@ -199,9 +199,13 @@ def _cached_manifest(cache: NodeCache | None, entry: Any, fingerprint: str | Non
     if entry is None:
         return cache.manifest_by_fingerprint(fingerprint) if fingerprint else None
     if fingerprint is None:
-        from aotc.fingerprint import fingerprint_entry
+        from aotc.fingerprint import entry_kv_blocks, fingerprint_entry
+        from aotc.kv import KvNotSized
 
-        fingerprint = fingerprint_entry(entry).digest
+        try:
+            fingerprint = fingerprint_entry(entry, kv_blocks=entry_kv_blocks(entry, size=False)).digest
+        except KvNotSized:
+            return None  # the store says which page count was built (pod_fingerprint)
     return cache.manifest(entry.name, fingerprint)
 
 
@@ -219,9 +223,7 @@ class _LazyStore:
 
 def resolve_manifest(store: Store, entry: Any, fingerprint: str | None) -> tuple[Manifest, bytes]:
     if entry is not None and fingerprint is None:
-        from aotc.fingerprint import fingerprint_entry
-
-        fp = fingerprint_entry(entry)
+        fp = pod_fingerprint(store, entry)
         try:
             return store.read_manifest(entry.name, fp.digest)
         except NotFoundInStore:
@@ -231,6 +233,27 @@ def resolve_manifest(store: Store, entry: Any, fingerprint: str | None) -> tuple
     if entry is not None:
         return store.read_manifest(entry.name, fingerprint)
     return _by_fingerprint(store, fingerprint)
+
+
+def pod_fingerprint(store: Store, entry: Any):
+    """The fingerprint of the engine the pod runs. A page count its stack sizes on the pod's accelerator is
+    not sized in an init container (neither the stack nor the accelerator is there): fetch takes the one the
+    newest build of this entry, equal in every other input (else the newest at all, so that a miss names the
+    inputs that differ, not the count), sized and published; the server pins that count and the guard names
+    a server whose count differs."""
+    from aotc.fingerprint import entry_kv_blocks, fingerprint_entry, fingerprint_inputs
+    from aotc.kv import KvNotSized
+
+    try:
+        return fingerprint_entry(entry, kv_blocks=entry_kv_blocks(entry, size=False))
+    except KvNotSized:
+        pass
+    unsized = fingerprint_inputs(entry, kv_blocks=None)
+    found, _ = store.load_manifests(sorted(store.find(f"manifests/{check_name(entry.name, 'entry name')}")))
+    published = [m for _, m, _ in found]
+    built = [m for m in published if {**m.inputs, "kv_blocks": None} == unsized] or published
+    sized = max(built, key=lambda m: parse_time(m.created)).inputs.get("kv_blocks") if built else None
+    return fingerprint_entry(entry, kv_blocks=sized)
 
 
 def _by_fingerprint(store: Store, fingerprint: str) -> tuple[Manifest, bytes]:

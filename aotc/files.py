@@ -12,6 +12,7 @@ import ctypes
 import errno
 import functools
 import hashlib
+import json
 import os
 import shutil
 from datetime import datetime, timezone
@@ -163,3 +164,9 @@ def exchange(a: str, b: str) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), b)
+
+
+def canonical_json(data: Any) -> bytes:
+    """The bytes a digest is taken over: sorted keys, no spaces, ASCII (a manifest's own digest, which
+    stored manifests carry, keeps its non-ASCII form: aotc/store/core.py)."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()

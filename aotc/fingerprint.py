@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
-import functools
 import os
-import subprocess
-import sys
-from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
+from aotc import kv
 from aotc.engine_args import graph_args
-from aotc.files import sha256_file
+from aotc.files import canonical_json, sha256_file
 from aotc.matrix import Entry
-from aotc.runners.spec import load_runner
+from aotc.runners.flags import xla_flags
+from aotc.runners.paddings import full_length_blocks
+from aotc.runners.spec import runner_versions
 
 # 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
 #    process of a stock server); the pinned KV block count; versions from the runner's pins without its venv.
-FINGERPRINT_VERSION = 2
-FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+# 3: the stack's own additions once in every process layout (aotc's vLLM plugin collapses them).
+FINGERPRINT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -40,110 +37,17 @@ class Fingerprint:
         return self.digest[:12]
 
 
-def canonical_json(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
 def digest_of(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(inputs)).hexdigest()
 
 
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def runner_python(runner: str, environ: dict[str, str] | None = None) -> str:
-    """The interpreter a runner runs under: its ``RunnerSpec.python_env`` (AOTC_PYTHON_<RUNNER>) if set, else
-    this one (a stack that cannot share the core's venv gets its own)."""
-    environ = os.environ if environ is None else environ
-    return environ.get(load_runner(runner).python_env) or sys.executable
-
-
-def runner_versions(runner: str, environ: dict[str, str] | None = None) -> dict[str, str | None]:
-    """The runner's package versions, from the metadata of the interpreter that will run it.
-
-    Where that stack is not installed at all (this interpreter lacks its packages and no
-    AOTC_PYTHON_<RUNNER> names another, e.g. a fetch init container), the versions this aotc pins for the
-    runner stand in: the stack a pod may serve with is the pinned one, and the guard in the running engine
-    compares the real versions with the manifest's."""
-    spec = load_runner(runner)
-    python = runner_python(runner, environ)
-    if not _same_interpreter(python):
-        return dict(_foreign_versions(python, spec.packages))
-    found = {pkg: package_version(pkg) for pkg in spec.packages}
-    if spec.pins and None in found.values():
-        return {pkg: spec.pins.get(pkg) for pkg in spec.packages}
-    return found
-
-
-def _same_interpreter(python: str) -> bool:
-    try:
-        return Path(python).resolve() == Path(sys.executable).resolve()
-    except OSError:
-        return False
-
-
-_VERSIONS_SCRIPT = """import json, sys
-from importlib import metadata
-def v(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-json.dump({name: v(name) for name in sys.argv[1:]}, sys.stdout)
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
-    # Metadata only, nothing imported: a ~50 ms subprocess, so plan/fingerprint stay light.
-    from aotc.errors import BadInput
-
-    try:
-        out = subprocess.run([python, "-I", "-c", _VERSIONS_SCRIPT, *packages], capture_output=True, text=True,
-                             timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BadInput(f"cannot read package versions from runner interpreter {python}: {exc}") from None
-    return tuple(json.loads(out).items())
-
-
-def server_imports(environ: dict[str, str]) -> int:
-    """How often a stock ``vllm serve`` imports the runner's stack before its engine compiles: in the API
-    server and again in the engine-core process, which inherits the first one's environment (one process
-    when multiprocessing is off, as in aotc's own build)."""
-    return 1 if environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else 2
-
-
-def xla_flags(environ: dict[str, str], runner: str | None = None, imports: int | None = None,
-              entry_flags: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    """The words of XLA_FLAGS and LIBTPU_INIT_ARGS as JAX's cache key hashes them (jax/_src/cache_key.py,
-    ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept. ``environ`` is the launch
-    environment; the flags the runner's stack prepends at import (``RunnerSpec.implied_flags``) are added
-    once per import (``imports``, default: a stock server's, ``server_imports``); pass ``imports=0`` for the
-    live environment of a process that already imported it. ``entry_flags`` (``entry_implied_flags``: the
-    twin's virtual device count) are set once in the launch environment, unless it holds them already.
-    Stricter than JAX in one way: its dump-only flags count here too."""
-    implied = load_runner(runner).implied_flags if runner else {}
-    imports = server_imports(environ) if imports is None else imports
-    flags: list[str] = []
-    for var in FLAG_ENV_VARS:
-        launch = environ.get(var, "").split()
-        launch += [w for w in (entry_flags or {}).get(var, ()) if w not in launch]
-        words = list(implied.get(var, ())) * imports + launch
-        flags += [f"{var}:{w}" for w in words]
-    return sorted(flags)
-
-
 def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
     """The runner-read variables as the build will set them: the config's value, else what the runner
-    implies for the entry (its buckets module's ``implied_env``), else the process's."""
-    implied_env = getattr(_runner_buckets(entry), "implied_env", None)
-    implied = implied_env(entry) if implied_env else {}
+    implies for the entry (``RunnerSpec.implied_env``), else the process's."""
+    runner = entry.backend
+    implied = runner.implied_env(entry)
     env = {}
-    for var in load_runner(entry.runner).env_vars:
+    for var in runner.env_vars:
         if var in entry.env:
             env[var] = str(entry.env[var])
         elif var in implied:
@@ -151,28 +55,6 @@ def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
         elif var in environ:
             env[var] = environ[var]
     return env
-
-
-def _runner_buckets(entry: Entry):
-    return load_runner(entry.runner).load("buckets")
-
-
-def kv_blocks(entry: Entry) -> int | None:
-    """The KV-cache page count the runner pins (a shape in its graphs); None for a runner without one."""
-    rule = getattr(_runner_buckets(entry), "kv_blocks", None)
-    return rule(entry) if rule else None
-
-
-def entry_implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
-    """Flags the runner adds for this entry (the twin's virtual device count), from its buckets module."""
-    implied = getattr(_runner_buckets(entry), "implied_flags", None)
-    return implied(entry) if implied else {}
-
-
-def entry_mesh(entry: Entry) -> dict[str, Any] | None:
-    """The device mesh the runner shards the entry's graphs over, when the runner declares one."""
-    mesh = getattr(_runner_buckets(entry), "mesh", None)
-    return mesh(entry) if mesh else None
 
 
 def code_digest(modules: tuple[str, ...]) -> str:
@@ -184,7 +66,7 @@ def code_digest(modules: tuple[str, ...]) -> str:
 
 def twin_digest(entry: Entry) -> str | None:
     """The CPU twin's code in the entry's graphs (``RunnerSpec.twin_modules``); None off the twin."""
-    modules = load_runner(entry.runner).twin_modules
+    modules = entry.backend.twin_modules
     return code_digest(modules) if entry.device == "cpu" and modules else None
 
 
@@ -193,7 +75,37 @@ def model_config_digest(entry: Entry) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
 
 
-def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> dict[str, Any]:
+_SIZED = object()
+
+
+def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size: bool = True) -> int | None:
+    """The KV page count the entry pins; None for a runner that pins none. The matrix's override, else the
+    stack's own sizing keyed by every other fingerprint input (``RunnerSpec.kv_size``, aotc/kv.py), else the
+    full-length rule. ``size=False``: never start the stack (an init container has neither it nor the
+    accelerator); a sizing not on disk raises ``KvNotSized``."""
+    if (pinned := kv.override(entry)) is not None:
+        return pinned
+    environ = dict(os.environ if environ is None else environ)
+    if entry.backend.kv_size:
+        key = {"inputs": fingerprint_inputs(entry, environ, kv_blocks=None),
+               "sizing_env": {var: environ.get(var) for var in entry.backend.kv_sizing_env()}}
+        return kv.stack_kv_blocks(entry, environ, key, size=size)
+    page = entry.backend.kv_page_size(entry)
+    return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page) if page else None
+
+
+def pin_kv(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: int | None = None) -> Entry:
+    """The entry with its page count written into its engine arguments, as build, verify and the stock
+    server pass it (``kv_blocks``: a count already known, e.g. a manifest's)."""
+    blocks = kv_blocks if kv_blocks is not None else entry_kv_blocks(entry, environ)
+    if blocks is None or kv.override(entry) == blocks:
+        return entry
+    return replace(entry, engine={**entry.engine, kv.OVERRIDE: blocks})
+
+
+def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> dict[str, Any]:
+    """``kv_blocks``: the KV page count when it is known otherwise (the running engine's, a manifest's);
+    by default the entry's (aotc/kv.py: the matrix's override, else the stack's sizing)."""
     environ = dict(os.environ if environ is None else environ)
     model_digest = model_config_digest(entry)
     inputs = {
@@ -211,22 +123,23 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None) -> d
         "max_num_batched_tokens": entry.max_num_batched_tokens,
         "tensor_parallel_size": entry.tensor_parallel_size,
         # every vllm serve argument the matrix set, but those a pod chooses freely (aotc/engine_args.py)
-        "engine": graph_args(entry.engine),
+        # the page count once, under kv_blocks: pinned by the matrix or sized by the stack, the same graphs
+        "engine": {k: v for k, v in graph_args(entry.engine).items() if k != kv.OVERRIDE},
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
-        "kv_blocks": kv_blocks(entry),
+        "kv_blocks": entry_kv_blocks(entry, environ) if kv_blocks is _SIZED else kv_blocks,
         "env": runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
-        "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry_implied_flags(entry)),
+        "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry.backend.entry_flags(entry)),
     }
-    if (mesh := entry_mesh(entry)) is not None:
+    if (mesh := entry.backend.mesh(entry)) is not None:
         inputs["mesh"] = mesh
     if (twin := twin_digest(entry)) is not None:
         inputs["twin"] = twin
     return inputs
 
 
-def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None) -> Fingerprint:
-    inputs = fingerprint_inputs(entry, environ)
+def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> Fingerprint:
+    inputs = fingerprint_inputs(entry, environ, kv_blocks)
     return Fingerprint(digest_of(inputs), inputs)
 
 

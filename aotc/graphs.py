@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from aotc.matrix import Entry
 
 
+def graph_key(family: str, shape: dict[str, Any]) -> str:
+    """Identity of a graph independent of the order of its shape's keys (plan, manifest and report agree)."""
+    return json.dumps([family, shape], sort_keys=True)
+
+
 @dataclass(frozen=True)
 class GraphSpec:
     family: str
@@ -40,8 +45,7 @@ class GraphSpec:
 
     @property
     def key(self) -> str:
-        """Identity of the graph independent of the order of its shape's keys."""
-        return json.dumps([self.family, self.shape_dict], sort_keys=True)
+        return graph_key(self.family, self.shape_dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "shape": self.shape_dict, **({"beyond_warmup": True} if self.beyond_warmup else {})}

@@ -24,8 +24,6 @@ events). A runner without a watcher is logged as unwatched, never silently ignor
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import json
 import logging
 import os
@@ -34,6 +32,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from aotc.runners.watching import StepCompiles, first_patch, when_imported
 
 ENV_GUARD = "AOTC_GUARD"
 ENV_ACCELERATOR = "AOTC_ACCELERATOR"
@@ -94,7 +94,7 @@ def running_runner() -> Any:
     Each runner's stack lives in its own venv (requirements/*.lock), so its distributions tell them apart
     without importing anything.
     """
-    from aotc.fingerprint import package_version
+    from aotc.runners.spec import package_version
     from aotc.runners.spec import registered
 
     installed = [spec for spec in registered().values() if all(package_version(p) for p in spec.packages)]
@@ -114,7 +114,7 @@ def remember_launch_flags(environ: dict[str, str] | Any = None) -> None:
 
 
 def launch_flags_record(environ: Mapping[str, str]) -> str:
-    from aotc.fingerprint import FLAG_ENV_VARS
+    from aotc.runners.flags import FLAG_ENV_VARS
 
     return json.dumps({var: environ.get(var) for var in FLAG_ENV_VARS})
 
@@ -181,7 +181,8 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
     """``live_flags``: the runner's compiler hashes this process's XLA_FLAGS / LIBTPU_INIT_ARGS as they are
     now, its stack's own additions included (JAX); otherwise the flags as the pod launched it count."""
     from aotc.errors import IntegrityError
-    from aotc.fingerprint import describe_diff, digest_of, fingerprint_inputs, xla_flags
+    from aotc.fingerprint import describe_diff, digest_of, fingerprint_inputs
+    from aotc.runners.flags import xla_flags
     from aotc.manifest import MANIFEST_NAME, Manifest
 
     path = os.path.join(cache_dir, MANIFEST_NAME)
@@ -195,11 +196,11 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
         return CacheCheck("unreadable", f"cannot read {path}: {exc}; treating the cache as unknown")
     live = dict(os.environ if environ is None else environ)
     environ = launch_environ(live)
-    ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ)
-    if live_flags:  # what the compiler hashes here: every copy the API server and this process prepended
-        ours["xla_flags"] = xla_flags(live, runner, imports=0)
-    if "kv_blocks" in ours:  # what this engine was told, not what its entry implies: a pod may differ
-        ours["kv_blocks"] = vllm_config.cache_config.num_gpu_blocks_override
+    # the page count this engine was told (None: vLLM sizes it from memory), never one sized here again
+    ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ,
+                              kv_blocks=vllm_config.cache_config.num_gpu_blocks_override)
+    if live_flags:  # what the compiler hashes here: the stack's additions as this process holds them now
+        ours["xla_flags"] = xla_flags(live)
     digest = digest_of(ours)
     where = f"cache {cache_dir} (entry {manifest.entry}, fingerprint {manifest.fingerprint[:16]})"
     if digest == manifest.fingerprint:
@@ -216,93 +217,6 @@ def log_cache_check(check: CacheCheck) -> None:
     (logger.info if check.status == "match" else logger.warning)("aotc guard: %s", check.line)
 
 
-def uncovered_families(graphs: Any, step: dict[str, Any], families: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """Families of this step whose padded shape no manifest graph record has.
-
-    ``families`` maps each family a step runs to the step fields that pick its bucket (a runner's table).
-    """
-    def covered(family: str, keys: tuple[str, ...]) -> bool:
-        return any(g.family == family and all(g.shape.get(k) == step.get(k) for k in keys) for g in graphs)
-
-    return [f"{f}[{', '.join(f'{k}={step.get(k)}' for k in keys)}]"
-            for f, keys in families.items() if not covered(f, keys)]
-
-
-# --- after ready: what the runner's watcher reports -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepCompiles:
-    """What one step compiled, as a watcher saw it."""
-
-    where: str  # execute_model | sample_tokens
-    compiles: int  # graphs compiled (not loaded from the cache)
-    evidence: dict[str, int]  # the backend's own counters that moved, by their names
-    step: dict[str, Any]  # the step's padded shape
-    family: str  # metrics label: the first family the manifest lacks, "unplanned" or "cached"
-    explanation: str
-    functions: tuple[str, ...] = ()  # compiled functions with their argument shapes, when the backend names them
-    request_ids: tuple[str, ...] = ()
-
-
-def counter_delta(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
-    """What grew; a counter that dropped was reset (torch_xla's dynamo bridge), so its value is the growth."""
-    return {k: v - before.get(k, 0) if v >= before.get(k, 0) else v for k, v in now.items()}
-
-
-class StepWatch:
-    """A backend's cumulative counters read at step boundaries: what grew during a step, that step did."""
-
-    def __init__(self, counters: Callable[[], dict[str, int]]):
-        self._counters = counters
-        self.last: dict[str, int] = {}
-
-    def start(self) -> dict[str, int]:
-        self.last = self._counters()
-        return dict(self.last)
-
-    def delta(self) -> dict[str, int]:
-        now = self._counters()
-        new = {k: v for k, v in counter_delta(self.last, now).items() if v}
-        self.last = now
-        return new
-
-
-class StepWatcher:
-    """Base of the runners' watchers: the stack's cumulative counters, read when warm-up ends and after each
-    step. A subclass names its counters and explains a step that compiled; ``live_flags``: see check_cache."""
-
-    live_flags = False
-    hits_counter = "hits"
-    misses_counter = "misses"
-
-    def __init__(self, session: GuardSession, counters: Callable[[], dict[str, int]]):
-        self.session = session
-        self.steps = StepWatch(counters)
-
-    def compiles_in(self, counts: dict[str, int]) -> int:
-        raise NotImplementedError
-
-    def describe(self, worker: Any, what: str, scheduled: Any, new: dict[str, int], compiles: int) -> StepCompiles:
-        raise NotImplementedError
-
-    def ready(self) -> None:
-        at_ready = self.steps.start()
-        self.session.count(compiles=self.compiles_in(at_ready), hits=at_ready.get(self.hits_counter, 0),
-                           misses=at_ready.get(self.misses_counter, 0))
-
-    def on_step(self, worker: Any, what: str, scheduled: Any) -> None:
-        if not self.session.ready:
-            return
-        new = self.steps.delta()
-        if not new:
-            return
-        self.session.count(hits=new.get(self.hits_counter, 0), misses=new.get(self.misses_counter, 0))
-        compiles = self.compiles_in(new)
-        if compiles:
-            self.session.compiled(self.describe(worker, what, scheduled, new, compiles))
-
-
 class GuardSession:
     """One per process: the runner, its watcher, the cache check, the ready mark and the figures."""
 
@@ -316,7 +230,7 @@ class GuardSession:
         self.figures = Figures(runner=runner.name if runner else "unknown", mode=mode)
         self._failing: set[str] = set()
         self._lock = threading.Lock()
-        self.watcher = runner.load("watcher")(self) if runner is not None and runner.watcher else None
+        self.watcher = runner.watcher(self) if runner is not None else None
         self.figures.watched = self.watcher is not None
 
     @property
@@ -461,71 +375,3 @@ def fail_requests(scheduler: Any, outputs: dict, request_ids: set[str], session:
             batch.finished_requests.add(request_id)
         session.figures.requests_failed += 1
     session.publish()
-
-
-def first_patch(cls: Any) -> bool:
-    """True the first time for ``cls``: general plugins load more than once per process."""
-    if cls.__dict__.get("_aotc_guarded"):
-        return False
-    cls._aotc_guarded = True
-    return True
-
-
-def patch_steps(worker_cls: Any, on_step: Callable[[Any, str, Any], None]) -> None:
-    """Call ``on_step(worker, what, scheduler_output)`` after each ``execute_model`` / ``sample_tokens``."""
-    if not first_patch(worker_cls):
-        return
-    for what in ("execute_model", "sample_tokens"):
-        setattr(worker_cls, what, _at_step_boundary(getattr(worker_cls, what), what, on_step))
-
-
-def _at_step_boundary(method: Callable, what: str, on_step: Callable[[Any, str, Any], None]) -> Callable:
-    @functools.wraps(method)
-    def wrapped(self, *args, **kwargs):
-        result = method(self, *args, **kwargs)
-        if what == "execute_model" and args:
-            self._aotc_scheduled = args[0]  # sample_tokens finishes the step execute_model scheduled
-        on_step(self, what, self.__dict__.get("_aotc_scheduled"))
-        return result
-
-    return wrapped
-
-
-def scheduled_request_ids(scheduler_output: Any) -> tuple[str, ...]:
-    return tuple(scheduler_output.num_scheduled_tokens) if scheduler_output is not None else ()
-
-
-# --- patch a module when it is imported -----------------------------------------------------------
-
-
-def when_imported(name: str, callback: Callable[[Any], None]) -> None:
-    """Run ``callback(module)`` now if ``name`` is imported, else right after its import.
-
-    Importing vLLM's TPU worker here would pull torch_xla into processes that never use it (the API
-    server); a one-shot import hook patches it in exactly the processes that load it.
-    """
-    if name in sys.modules:
-        callback(sys.modules[name])
-    elif not any(isinstance(f, _PostImportHook) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImportHook(name, callback))
-
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str, callback: Callable[[Any], None]):
-        self.name, self.callback = name, callback
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_patch(module: Any) -> None:
-            exec_module(module)
-            self.callback(module)
-
-        spec.loader.exec_module = exec_then_patch
-        return spec

@@ -7,6 +7,7 @@ a key would otherwise silently build the wrong cache, which a pod only discovers
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -20,7 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Stric
 
 from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
-from aotc.runners.spec import DEFAULT_RUNNER, UnknownRunner, load_runner
+from aotc.runners.spec import DEFAULT_RUNNER, RunnerSpec, UnknownRunner, load_runner, runner_python, runner_versions
 
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
@@ -28,7 +29,7 @@ NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
 
 
-class _Strict(BaseModel):
+class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -69,7 +70,7 @@ class EngineArgs(BaseModel):
     num_gpu_blocks_override: PositiveInt | None = None
 
 
-class RunnerEnv(_Strict):
+class RunnerEnv(_Frozen):
     """Environment variables vLLM's TPU runner reads while building graphs."""
 
     VLLM_TPU_BUCKET_PADDING_GAP: Annotated[StrictInt, Field(ge=0)] | None = None
@@ -79,7 +80,7 @@ class RunnerEnv(_Strict):
     NEW_MODEL_DESIGN: Literal[0, 1] | None = None  # tpu-inference: the 7-axis mesh (Llama 4's shardings need it)
 
 
-class Settings(_Strict):
+class Settings(_Frozen):
     runner: StrictStr | None = None  # a registered backend (aotc/runners/spec.py)
     device: Literal["tpu", "cpu"] | None = None
     accelerator: StrictStr | None = None
@@ -164,7 +165,7 @@ class ModelSpec(Settings):
         return v
 
 
-class MatrixFile(_Strict):
+class MatrixFile(_Frozen):
     store: StrictStr | None = None
     defaults: Settings = Settings()
     models: Annotated[list[ModelSpec], Field(min_length=1)]
@@ -193,6 +194,11 @@ class Entry:
     env: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None  # absolute local directory when ``model`` is one
 
+    @functools.cached_property
+    def backend(self) -> RunnerSpec:
+        """The entry's runner, resolved once (``load_runner``); every hook the core calls goes through it."""
+        return load_runner(self.runner)
+
     @property
     def model_config_path(self) -> Path | None:
         return Path(self.model_path) / "config.json" if self.model_path else None
@@ -203,6 +209,12 @@ class Entry:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Entry:
         return cls(**data)
+
+
+def hf_config(entry: Entry) -> dict | None:
+    """The entry's local config.json as vLLM sees it (with the entry's ``hf_overrides``)."""
+    path = entry.model_config_path
+    return with_hf_overrides(json.loads(path.read_text()), entry.engine) if path and path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -351,10 +363,12 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
                 raise MatrixError(file, f"models[{index}].name",
                                   f"duplicate entry name {name!r} (also from {seen[name]})")
             seen[name] = f"models[{index}]"
+            engine = _with_local_draft({**settings["engine"], **chosen}, base_dir, file,
+                                       f"{where}.{'matrix' if 'speculative_config' in chosen else 'engine'}")
             entry = Entry(name=name, model_name=model.name, model=model.model, revision=model.revision,
                           max_model_len=len_, max_num_seqs=seqs, max_num_batched_tokens=tok,
                           tensor_parallel_size=tp, model_path=str(model_path) if model_path else None,
-                          **{**settings, "engine": {**settings["engine"], **chosen}})
+                          **{**settings, "engine": engine})
             _check_entry(entry, with_hf_overrides(hf_config, entry.engine), file, where)
             entries.append((entry, where, frozenset(swept)))
     if check_stack:
@@ -365,8 +379,6 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
 def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: str) -> None:
     """Each runner's ``vllm serve`` parser, in its own interpreter, on every entry's ``engine:``; an error
     names the key where the matrix set it (``engine.X`` or, for a swept argument, ``matrix.X``)."""
-    from aotc.fingerprint import runner_python, runner_versions
-
     for runner in dict.fromkeys(entry.runner for entry, *_ in entries):
         mine = [item for item in entries if item[0].runner == runner]
         verdicts = stack_verdicts(runner_python(runner), runner_versions(runner), [item[0].engine for item in mine])
@@ -387,6 +399,19 @@ def _local_model_dir(model: str, base_dir: Path) -> Path | None:
     return candidate.resolve() if looks_like_path else None
 
 
+def _with_local_draft(engine: dict[str, Any], base_dir: Path, file: str, where: str) -> dict[str, Any]:
+    """A speculative draft model given as a local dir lies beside the matrix, as ``model:`` does; the runner
+    (another process, another cwd) gets its absolute path."""
+    spec = engine.get("speculative_config")
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
+        return engine
+    draft = _local_model_dir(spec["model"], base_dir)
+    if draft is None:
+        return engine
+    _read_model_config(draft, file, f"{where}.speculative_config")
+    return {**engine, "speculative_config": {**spec, "model": str(draft)}}
+
+
 def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]:
     config = model_dir / "config.json"
     if not config.is_file():
@@ -402,13 +427,12 @@ def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]
 
 def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) -> None:
     """What vLLM itself rejects at start-up (the runner's rules) and what cannot run on the named TPU."""
-    runner = load_runner(entry.runner)
+    runner = entry.backend
     if entry.device not in runner.devices:
         raise MatrixError(file, where + ".device",
                           f"runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}")
     problems = _tpu_problems(entry)
-    if runner.validate:
-        problems += runner.load("validate")(entry, hf_config)
+    problems += runner.validate(entry, hf_config)
     if problems:
         key, _, reason = problems[0].partition(": ")
         raise MatrixError(file, f"{where}.{key}", reason)

@@ -6,27 +6,17 @@ backend pads differently): its ``RunnerSpec.buckets`` module, imported without a
 
 from __future__ import annotations
 
-import json
-
-from aotc.engine_args import with_hf_overrides
 from aotc.graphs import BuildPlan, GraphSpec
-from aotc.matrix import Entry
-from aotc.runners.spec import load_runner
+from aotc.matrix import Entry, hf_config
 
-__all__ = ["BuildPlan", "GraphSpec", "plan_entry", "plan_entries"]
+__all__ = ["BuildPlan", "GraphSpec", "hf_config", "plan_entry", "plan_entries"]
 
 
 def plan_entry(entry: Entry) -> BuildPlan:
-    rules = load_runner(entry.runner).load("buckets")
-    graphs = tuple(rules.capture_plan(entry, hf_config(entry)))
-    return BuildPlan(entry, graphs, rules.bucket_summary(entry))
+    runner = entry.backend
+    graphs = tuple(runner.capture_plan(entry, hf_config(entry)))
+    return BuildPlan(entry, graphs, runner.bucket_summary(entry))
 
 
 def plan_entries(entries: list[Entry]) -> list[BuildPlan]:
     return [plan_entry(e) for e in entries]
-
-
-def hf_config(entry: Entry) -> dict | None:
-    """The entry's local config.json as vLLM sees it (with the entry's ``hf_overrides``)."""
-    path = entry.model_config_path
-    return with_hf_overrides(json.loads(path.read_text()), entry.engine) if path and path.is_file() else None

@@ -28,6 +28,7 @@ from aotc.errors import CheckFailed, IntegrityError
 from aotc.files import parse_time, sha256_crc32c_file
 from aotc.manifest import CACHE_DIR_NAME, Manifest
 from aotc.store import Meter, ObjectInfo, Store, check_name, run_parallel, stored_manifest_bytes
+from aotc.store.leases import hold, wait_for_gc
 
 PUBLISHED, ALREADY, OTHER_WON = "published", "already", "other_won"
 DEFAULT_WORKERS = 16
@@ -103,8 +104,8 @@ def publish_artifacts(artifact_dirs: list[str], url: str, callback: Any = None,
     """Verify every dir first (IntegrityError before anything is uploaded), then publish each."""
     artifacts = [load_artifact(d, workers=min(workers, os.cpu_count() or 2)) for d in artifact_dirs]
     store = store or Store.from_url(url)
-    with store.lock("publish") as lease:
-        store.wait_for_gc(lease)
+    with hold(store, "publish") as lease:
+        wait_for_gc(store, lease)
         present, _ = store.list_objects()
         total = sum(a.manifest.total_size for a in artifacts)
         meter = Meter(callback, total)

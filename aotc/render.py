@@ -1,6 +1,6 @@
 """Terminal rendering for the CLI (rich, tqdm): the library returns data (frozen records), this module draws
-it — plan, build progress and results, verify, doctor, and the store commands (publish, fetch, ls, gc,
-completeness). No library module imports rich.
+it — plan, build progress and results, verify, canary, doctor, and the store commands (publish, fetch, ls,
+gc, completeness, break-lease). No library module imports rich; HTML is aotc/report.py's.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from aotc.files import human_size
 
 if TYPE_CHECKING:
     from aotc.build import BuildReport, EntryBuild
+    from aotc.canary import CanaryResult
     from aotc.fingerprint import Fingerprint
     from aotc.graphs import BuildPlan, GraphSpec
-    from aotc.verify import VerifyResult
+    from aotc.verify import VerifyReport
 
 
 def render_plans(plans: list[BuildPlan], console) -> None:
@@ -116,7 +117,7 @@ def _count(n: int | None) -> str:
     return "-" if n is None else str(n)
 
 
-def render_verify(result: VerifyResult, console) -> None:
+def render_verify(result: VerifyReport, console) -> None:
     from rich.table import Table
 
     table = Table(title=f"aotc verify {result.entry}", title_justify="left")
@@ -240,19 +241,45 @@ def render_fetch(result: Any, console: Any) -> None:
                   f"{cached}")
 
 
-def render_completeness(report: Any) -> None:
-    for row in report.missing:
-        print(f"aotc: not published: {row.entry} {row.fingerprint[:16]} in {report.store}", file=sys.stderr)
-    print(f"aotc: {len(report.entries) - len(report.missing)}/{len(report.entries)} entries of {report.config} "
-          f"published in {report.store}", file=sys.stderr)
+def completeness_lines(report: Any) -> list[str]:
+    return [f"not published: {row.entry} {row.fingerprint[:16]} in {report.store}" for row in report.missing] + [
+        f"{len(report.entries) - len(report.missing)}/{len(report.entries)} entries of {report.config} "
+        f"published in {report.store}"]
 
 
-def render_leases(decisions: list[Any]) -> None:
+def lease_lines(decisions: list[Any]) -> list[str]:
+    lines = []
     for d in decisions:
         age = "unknown age" if d.lease.age is None else f"age {d.lease.age:.0f}s"
         verb = "removed" if d.removed else "refused to remove"
         hint = "" if d.removed else "; --force removes it anyway"
-        print(f"aotc: {verb} {d.lease.kind} lease {one_line(d.lease.url)} ({age}): {one_line(d.checked)}{hint}",
-              file=sys.stderr)
-    if not decisions:
-        print("aotc: no matching lease", file=sys.stderr)
+        lines.append(f"{verb} {d.lease.kind} lease {one_line(d.lease.url)} ({age}): {one_line(d.checked)}{hint}")
+    return lines or ["no matching lease"]
+
+
+def render_canary(result: CanaryResult, console) -> None:
+    s, r = result.startup, result.serving
+    console.print(f"[bold]{result.entry}[/bold]  {result.fingerprint[:12]}  ready {result.ready_seconds} s, "
+                  f"{result.requests} requests ({result.failed_requests} failed)")
+    lookups = f", {s.hits}/{s.lookups} lookups hit" if s.lookups is not None else ""
+    console.print(f"  start-up: {len(s.missing)} graphs the cache lacks, {len(s.rewritten_files)} cached graphs "
+                  f"recompiled{lookups}")
+    console.print(f"  after ready: {len(r.missing)} graphs the cache lacks, {len(r.rewritten_files)} cached graphs "
+                  f"recompiled" + (f", {r.hits}/{r.lookups} lookups hit" if r.lookups is not None else ""))
+    for name in result.graphs_missing:
+        console.print(f"  [red]compiled, not in the cache:[/red] {name}")
+    for problem in result.problems:
+        console.print(f"  [red]problem:[/red] {problem}")
+    style = "red" if result.unexplained_failures else "yellow"  # yellow: strict on a recompiled cached graph
+    for failure in result.failures:
+        console.print(f"  [{style}]failed request:[/{style}] {failure}")
+    for name, kind in result.kinds.items():
+        console.print(f"  {name}: " + (f"not sent ({kind.not_sent})" if kind.not_sent else
+                                       f"{kind.ok}/{kind.sent} served" + (f", {kind.rejected} refused by the stack"
+                                                                         if kind.rejected else "")
+                                       + (f", {kind.failed} failed" if kind.failed else "")))
+    for limitation in result.limitations:
+        console.print(f"  [yellow]limitation:[/yellow] {limitation}")
+    if result.guard:
+        console.print("  guard: " + ", ".join(f"{k} {v:g}" for k, v in sorted(result.guard.items())))
+    console.print(result.verdict)

@@ -1,7 +1,7 @@
 """``aotc report``: one self-contained HTML page showing what a build or a store holds.
 
 Two halves: ``build_report`` / ``store_report`` gather data (frozen records, no HTML), and
-``render_build`` / ``render_store`` turn it into a page with inline CSS and SVG and no script, so it
+``html_build`` / ``html_store`` turn it into a page with inline CSS and SVG and no script, so it
 reads offline as a CI artifact or from a bucket. Entry names, fingerprint inputs and store paths are
 user data: every text goes through ``el``/``esc``, which escape anything not already built by them.
 """
@@ -21,8 +21,9 @@ from aotc import __version__
 from aotc.errors import BadInput
 from aotc.fingerprint import diff_inputs, flatten
 from aotc.manifest import RUNTIME, STARTUP, GraphRecord, Manifest, VerifySummary
+from aotc.graphs import graph_key
 from aotc.plan import BuildPlan, plan_entry
-from aotc.store import GcStrategy, Store, StoreInfo, human_size
+from aotc.store import GcStrategy, Store, StoreInfo, human_size, scan_store
 
 CANARY_FIGURES = ("requests", "compiles_at_startup", "compiles_after_ready", "ready_seconds")
 CANARY_SUFFIX = ".canary.json"  # beside an artifact dir: `aotc canary --json` saved by make build-cache
@@ -117,19 +118,15 @@ def canary_of(artifact_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
 
 def entry_cells(graphs: tuple[GraphRecord, ...], plan: BuildPlan | None) -> dict[str, Cell]:
     """Planned vs recorded, per family; a planned graph counts as missing when no record has a key."""
-    with_keys = {_graph_key(g.family, g.shape) for g in graphs if g.keys}
+    with_keys = {graph_key(g.family, g.shape) for g in graphs if g.keys}
     planned = Counter(g.family for g in plan.graphs) if plan else Counter()
-    missing = Counter(g.family for g in plan.graphs if _graph_key(g.family, g.shape_dict) not in with_keys) \
+    missing = Counter(g.family for g in plan.graphs if graph_key(g.family, g.shape_dict) not in with_keys) \
         if plan else Counter()
     compiled = Counter(g.family for g in graphs if g.keys and g.family != RUNTIME)
     runtime = Counter(_runtime_family(g, planned) for g in graphs if g.family == RUNTIME and g.keys)
     families = [*planned, *(f for f in (*compiled, *runtime) if f not in planned)]
     return {f: Cell(planned=planned[f] if plan else None, compiled=compiled[f], runtime=runtime[f],
                     missing=missing[f]) for f in families}
-
-
-def _graph_key(family: str, shape: dict[str, Any]) -> str:
-    return json.dumps([family, shape], sort_keys=True)
 
 
 def _runtime_family(graph: GraphRecord, planned: Counter) -> str:
@@ -197,7 +194,7 @@ def store_report(url: str, keep: int = 2, min_age: float | None = None) -> Store
     """Scan the store and plan (never run) the gc that ``aotc gc --keep N --dry-run`` would show."""
     from aotc.store import DEFAULT_MIN_AGE
 
-    info = Store.from_url(url).scan()
+    info = scan_store(Store.from_url(url))
     return StoreData(info, info.gc(keep=keep, min_age=DEFAULT_MIN_AGE if min_age is None else min_age))
 
 
@@ -276,7 +273,7 @@ def _fmt_time(text: str) -> str:
 # --- build page ------------------------------------------------------------------------------------
 
 
-def render_build(data: BuildData) -> str:
+def html_build(data: BuildData) -> str:
     title = "aotc build report"
     subtitle = (f"{len(data.entries)} entries · {len(data.families)} graph families · generated "
                 f"{_fmt_time(data.generated)} UTC by aotc {__version__}")
@@ -418,7 +415,7 @@ def _inputs(data: BuildData) -> Safe:
 # --- store page ------------------------------------------------------------------------------------
 
 
-def render_store(data: StoreData) -> str:
+def html_store(data: StoreData) -> str:
     info = data.info
     title = "aotc store report"
     subtitle = f"{info.url} · {len(info.entries)} entries · generated {_fmt_time(data.generated)} UTC"

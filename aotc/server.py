@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from aotc.engine_args import cli_flags
+from aotc.processes import update_env
 from aotc.matrix import Entry
-from aotc.runners.spec import load_runner
 
 # The positional model argument; everything else becomes --flag value.
 MODEL_ARG = "model"
@@ -49,20 +49,22 @@ class ServerCommand:
 
     def process_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         merged = dict(os.environ if base is None else base)
-        for key, value in self.env.items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
+        update_env(merged, self.env)
         return merged
 
 
-def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """The runner's engine arguments and env for the stock server, with the matrix's env on top."""
-    spec = load_runner(entry.runner)
-    if spec.serve is None:
-        raise ValueError(f"runner {entry.runner} cannot describe its stock server (RunnerSpec.serve)")
-    args, env = spec.load("serve")(entry.to_dict(), str(cache_dir))
+def serve_settings(entry: Entry, cache_dir: str, kv_blocks: int | None = None
+                   ) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """The runner's engine arguments and env for the stock server, with the matrix's env on top. The KV page
+    count is pinned as the build pinned it (fingerprint.pin_kv), or to ``kv_blocks`` (the count a build on the pod's
+    hardware recorded in its manifest)."""
+    from aotc.fingerprint import pin_kv
+
+    entry = pin_kv(entry, kv_blocks=kv_blocks)
+    try:
+        args, env = entry.backend.serve(entry.to_dict(), str(cache_dir))
+    except NotImplementedError as exc:
+        raise ValueError(str(exc)) from None
     env = {**env, **{k: str(v) for k, v in entry.env.items()}}
     args = dict(args)
     if entry.device != "cpu":
@@ -74,17 +76,18 @@ def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[s
 
 def vllm_executable(runner: str, environ: Mapping[str, str] | None = None) -> str:
     """The ``vllm`` console script beside the runner's interpreter (its own venv, or this one)."""
-    from aotc.fingerprint import runner_python
+    from aotc.runners.spec import runner_python
 
     return str(Path(runner_python(runner, dict(os.environ if environ is None else environ))).parent / "vllm")
 
 
 def serve_command(entry: Entry, cache_dir: str | Path, port: int, *, host: str = "127.0.0.1",
                   guard: str | None = "strict", environ: Mapping[str, str] | None = None,
-                  lora_modules: Mapping[str, str] | None = None) -> ServerCommand:
+                  lora_modules: Mapping[str, str] | None = None, kv_blocks: int | None = None) -> ServerCommand:
     """The stock ``vllm serve`` for ``entry`` reading its cache from ``cache_dir``; ``lora_modules`` (name ->
-    adapter dir) are served besides any the matrix names (pod-only: they change no graph)."""
-    args, env = serve_settings(entry, str(cache_dir))
+    adapter dir) are served besides any the matrix names (pod-only: they change no graph); ``kv_blocks``: see
+    ``serve_settings``."""
+    args, env = serve_settings(entry, str(cache_dir), kv_blocks)
     if guard is not None:
         env["AOTC_GUARD"] = guard
     modules = {**lora_module_map(args.pop(LORA_MODULES_ARG, None)), **(lora_modules or {})}
@@ -205,10 +208,3 @@ def health(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def free_port() -> int:
-    """A port the kernel picks at random (for tests and the canary; pods use their own)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

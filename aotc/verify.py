@@ -24,7 +24,7 @@ from aotc.runners.protocol import VerifyResult as RunnerVerify
 
 
 @dataclass(frozen=True)
-class VerifyResult:
+class VerifyReport:
     artifact_dir: str
     entry: str
     fingerprint: str
@@ -75,7 +75,7 @@ def entry_from_manifest(manifest: Manifest) -> Entry:
     return Entry.from_dict(build["entry"])
 
 
-def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, record: bool = True) -> VerifyResult:
+def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, record: bool = True) -> VerifyReport:
     artifact = Path(artifact_dir)
     manifest = Manifest.load(artifact)
     if not (artifact / CACHE_DIR_NAME).is_dir():
@@ -94,14 +94,14 @@ def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, 
     return result
 
 
-def _result(artifact: Path, manifest: Manifest, raw: RunnerVerify, seed: int) -> VerifyResult:
+def _result(artifact: Path, manifest: Manifest, raw: RunnerVerify, seed: int) -> VerifyReport:
     families = raw.families
     misses = max(raw.misses, sum(c.misses for c in families.values()))
     loads = sum(c.loads for c in families.values())
     failures = sum(c.deserialize_failures for c in families.values())
     # never report a load that did not happen, whatever the runner believed
     loadable = raw.loadable and loads > 0 and failures == 0
-    return VerifyResult(artifact_dir=str(artifact), entry=manifest.entry, fingerprint=manifest.fingerprint,
+    return VerifyReport(artifact_dir=str(artifact), entry=manifest.entry, fingerprint=manifest.fingerprint,
                         families=families, misses=misses, missed=tuple(m.model_dump() for m in raw.missed),
                         replayed_graphs=raw.replayed_graphs, traffic_requests=raw.traffic_requests, loadable=loadable,
                         evidence=raw.evidence, seed=seed, warnings=tuple(raw.warnings),

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import yaml
 
-from aotc.build import build_matrix
-from aotc.fingerprint import runner_python
+from aotc.build import BuildOptions, build_matrix
+from aotc.runners.spec import runner_python
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
 from aotc.runners.spec import load_runner
@@ -85,8 +85,8 @@ def stock_child(cache: str) -> None:
 def aotc_build(config: Path, names: list[str] | None, traffic: int, workers: int | None = None, jobs: int = 1):
     with tempfile.TemporaryDirectory(prefix="aotc-bench-") as out:
         start = time.perf_counter()
-        report = build_matrix(load_matrix(config), entries=names, out_dir=out, traffic=traffic,
-                              precompile_workers=workers, jobs=jobs)
+        report = build_matrix(load_matrix(config), entries=names, out_dir=out, jobs=jobs,
+                              options=BuildOptions(traffic_requests=traffic, precompile_workers=workers))
         wall = time.perf_counter() - start
     if not report.ok:
         raise SystemExit(f"build failed: {[e.error for e in report.entries if not e.ok]}")

@@ -5,6 +5,7 @@ in xgrammar (the backend vLLM picks for them). No server here: the slow canary t
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import jsonschema
@@ -12,7 +13,7 @@ import pytest
 
 from aotc.canary import error_message, stream_problem
 from aotc.canary_requests import (CHAT, CHOICES, COMPLETIONS, FIRST_PLAIN_ID, JSON_SCHEMA, KINDS, REGEX,
-                                  RequestLimits, plan_requests)
+                                  RequestLimits, _images, plan_requests)
 from aotc.matrix import load_matrix
 
 from .conftest import CONFIGS
@@ -23,7 +24,7 @@ DP2 = next(e for e in load_matrix(CONFIGS / "features-jax.yaml").entries if e.na
 # Shapes a real matrix uses besides the demo's: a long context with a large budget, and a tight one.
 LIMITS = [
     RequestLimits.of(DEMO),
-    RequestLimits(4096, 512, 64, 151936, ("a", "b"), speculative=True),
+    RequestLimits(4096, 512, 64, 151936, ("a", "b"), speculative=True, images=((28, 28, 1),)),
     RequestLimits(2048, 2048, 256, 32000),
     RequestLimits(40, 16, 2, 512, ("only",)),
 ]
@@ -38,8 +39,9 @@ def test_every_kind_users_send_is_planned_once():
     assert len(names) == len(set(names))
     assert {"penalties", "n", "prompt_logprobs", "logprobs", "logit_bias", "min_tokens", "stop", "bad_words", "echo",
             "stream", "structured_choice", "structured_regex", "structured_json", "chat", "chunked_prefill",
-            "shared_prefix", "seed", "lora", "speculative"} <= set(names)
-    everything = RequestLimits(4096, 512, 64, 32000, ("a",), speculative=True)
+            "shared_prefix", "seed", "lora", "speculative", "images"} <= set(names)
+    everything = RequestLimits(4096, 512, 64, 32000, ("a",), speculative=True, images=((28, 28, 1), (56, 42, 3)),
+                               images_per_prompt=2)
     planned = plan_requests(everything)
     assert [p.kind.name for p in planned] == names and all(p.bodies and p.not_sent is None for p in planned)
 
@@ -49,7 +51,8 @@ def test_kinds_an_entry_cannot_take_are_not_sent_and_say_why():
     assert demo["lora"].not_sent == "the entry has no LoRA adapters" and not demo["lora"].bodies
     assert demo["speculative"].not_sent == "the entry has no speculative decoding"
     assert demo["chunked_prefill"].not_sent is None  # the demo's 128 > 64 token budget: chunked
-    assert {p.kind.name for p in plan_requests(RequestLimits.of(NGRAM)) if p.not_sent} == {"lora"}
+    assert demo["images"].not_sent == "the entry has no image inputs"
+    assert {p.kind.name for p in plan_requests(RequestLimits.of(NGRAM)) if p.not_sent} == {"lora", "images"}
     dp2 = {p.kind.name for p in plan_requests(RequestLimits.of(DP2)) if p.not_sent}
     assert {"structured_choice", "structured_regex", "structured_json"} <= dp2
     unchunked = {p.kind.name: p for p in plan_requests(RequestLimits(2048, 2048, 8, 512))}
@@ -132,3 +135,21 @@ def test_the_stacks_refusal_message_is_read_from_either_error_shape():
         "JAX does not support per-request seed."
     assert error_message(b'{"object": "error", "message": "no seed", "code": 400}') == "no seed"
     assert error_message(b"plain") == "plain"
+
+
+def test_image_turns_carry_each_planned_size_and_two_in_one_where_the_limit_allows():
+    import base64
+    import io
+
+    from PIL import Image
+
+    sizes = ((28, 56, 2), (56, 28, 2))
+    bodies = _images(RequestLimits(512, 64, 8, 512, images=sizes, images_per_prompt=2), random.Random(0))
+    pictures = [[part["image_url"]["url"] for part in b["messages"][0]["content"] if part["type"] == "image_url"]
+                for b in bodies]
+    decoded = [[Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).size for url in urls]
+               for urls in pictures]
+    assert decoded[:4] == [[(56, 28)], [(56, 28)], [(28, 56)], [(28, 56)]]  # (width, height), solid and noise
+    assert [(56, 28), (28, 56)] in decoded and [] in decoded  # two in one message; a text-only turn
+    one_each = _images(RequestLimits(512, 64, 8, 512, images=sizes), random.Random(0))
+    assert max(len(b["messages"][0]["content"]) for b in one_each) == 2  # the text and one image

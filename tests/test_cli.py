@@ -5,6 +5,7 @@ import json
 import pytest
 
 from .conftest import CONFIGS, run_aotc
+from .helpers.cli import one_line_error
 
 
 @pytest.mark.parametrize("args", [[], ["frobnicate"], ["plan"], ["build", str(CONFIGS / "demo.yaml"), "--jobs", "x"],
@@ -13,11 +14,7 @@ from .conftest import CONFIGS, run_aotc
                                   ["build", str(CONFIGS / "demo.yaml"), "--precompile-workers", "0"],
                                   ["verify", "/nonexistent-artifact"]])
 def test_usage_errors_exit_2_with_one_line(args):
-    proc = run_aotc(*args)
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert proc.stderr.startswith("aotc")
-    assert "Traceback" not in proc.stderr
+    assert one_line_error(run_aotc(*args), 2).startswith("aotc")
 
 
 def test_plan_json_is_one_document_and_logs_stay_off_stdout():

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from aotc.cli import main
+from aotc.errors import MatrixError
 from aotc.fingerprint import diff_inputs, fingerprint_entry
 from aotc.matrix import parse_matrix
 from aotc.runners.spec import load_runner
@@ -94,12 +95,12 @@ def test_flag_order_and_non_xla_words_do_not_matter():
 
 @pytest.mark.parametrize("package", load_runner("vllm-tpu").packages)
 def test_each_package_version_changes_the_digest(package, monkeypatch):
-    from aotc import fingerprint
+    from aotc.runners import spec
 
-    real = fingerprint.package_version
-    monkeypatch.setattr(fingerprint, "package_version", lambda name: "9.9.9" if name == package else real(name))
+    real = spec.package_version
+    monkeypatch.setattr(spec, "package_version", lambda name: "9.9.9" if name == package else real(name))
     patched = fingerprint_entry(BASE, ENV)
-    monkeypatch.setattr(fingerprint, "package_version", real)
+    monkeypatch.setattr(spec, "package_version", real)
     assert patched.digest != digest()
     assert patched.inputs["versions"][package] == "9.9.9"
 
@@ -127,6 +128,45 @@ def test_local_model_location_does_not_matter(tmp_path):
                "max_num_batched_tokens: [64]}}]"
         digests.add(fingerprint_entry(parse_matrix(text).entries[0], ENV).digest)
     assert len(digests) == 1
+
+
+def draft_entry(matrix_dir, draft="./draft"):
+    """An eagle3 entry whose draft model is a local dir named relative to the matrix's own dir."""
+    text = ("models: [{name: t, model: org/m, engine: {speculative_config: {method: eagle3, model: %s, "
+            "num_speculative_tokens: 2}}, matrix: {max_model_len: [128], max_num_seqs: [8], "
+            "max_num_batched_tokens: [64]}}]" % draft)
+    return parse_matrix(text, base_dir=matrix_dir, check_stack=False).entries[0]
+
+
+def write_draft(where, hidden=64):
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": hidden}))
+
+
+def test_local_draft_model_is_read_beside_the_matrix_and_named_by_its_config(tmp_path):
+    write_draft(tmp_path / "draft")
+    entry = draft_entry(tmp_path)
+    assert entry.engine["speculative_config"]["model"] == str((tmp_path / "draft").resolve())  # for the runner
+    before = fingerprint_entry(entry, ENV)
+    assert before.inputs["engine"]["speculative_config"]["model"] == "draft"
+    write_draft(tmp_path / "draft", hidden=128)
+    after = fingerprint_entry(draft_entry(tmp_path), ENV)
+    assert diff_inputs(before.inputs, after.inputs) == ["engine.speculative_config.model_config_sha256"]
+
+
+def test_local_draft_model_location_does_not_matter(tmp_path):
+    digests = set()
+    for where in ("a", "b"):
+        write_draft(tmp_path / where / "models" / "draft")
+        digests.add(digest(draft_entry(tmp_path / where, "./models/draft")))
+    assert len(digests) == 1
+
+
+def test_local_draft_model_without_a_config_is_a_one_line_matrix_error(tmp_path):
+    (tmp_path / "draft").mkdir()
+    with pytest.raises(MatrixError, match=r"models\['t'\]\.engine\.speculative_config\.model: local model dir "
+                                          "has no config.json"):
+        draft_entry(tmp_path)
 
 
 def test_identical_across_processes():

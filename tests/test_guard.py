@@ -13,11 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from aotc import guard, guard_metrics
-from aotc.fingerprint import fingerprint_entry, kv_blocks
+from aotc.fingerprint import fingerprint_entry
+from aotc.fingerprint import entry_kv_blocks
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.spec import RunnerSpec, load_runner
+from aotc.runners import watching
 from aotc.runners.vllm_tpu import watcher
 
 from .conftest import CONFIGS, REPO
@@ -26,6 +28,10 @@ from .helpers.guard_engine import OUTCOME
 DEMO_ENTRY = "tiny-llama--len128-seqs8-tok64-tp1"
 TWIN = {"runner": "vllm-tpu", "device": "cpu"}  # what the vllm-tpu watcher reports on the CPU twin
 ENV = {"AOTC_CPU_TWIN": "1", "XLA_FLAGS": "--xla_dump_to=/tmp/x", "VLLM_TPU_BUCKET_PADDING_GAP": "0"}
+
+
+def pinned_kv(entry) -> int:
+    return entry_kv_blocks(entry)
 
 
 def demo_entry():
@@ -42,7 +48,7 @@ def vllm_config(entry, **overrides):
                                          max_num_batched_tokens=entry.max_num_batched_tokens),
         parallel_config=SimpleNamespace(tensor_parallel_size=entry.tensor_parallel_size),
         cache_config=SimpleNamespace(cache_dtype="auto", enable_prefix_caching=True, block_size=128,
-                                     num_gpu_blocks_override=values.get("kv_blocks", kv_blocks(entry))),
+                                     num_gpu_blocks_override=values.get("kv_blocks", pinned_kv(entry))),
         lora_config=None,
     )
 
@@ -79,14 +85,15 @@ def test_mismatch_names_the_differing_inputs(tmp_path):
 def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, entry, ENV)
-    for pod_kv in (kv_blocks(entry) * 2, None):  # another pinned size, or vLLM sizing it from memory
+    for pod_kv in (pinned_kv(entry) * 2, None):  # another pinned size, or vLLM sizing it from memory
         check = guard.check_cache(str(tmp_path), vllm_config(entry, kv_blocks=pod_kv), ENV, **TWIN)
         assert check.status == "mismatch" and check.differences == (
-            f"kv_blocks: here {pod_kv!r}, published {kv_blocks(entry)!r}",), check.line
+            f"kv_blocks: here {pod_kv!r}, published {pinned_kv(entry)!r}",), check.line
 
 
 def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
-    entry = load_matrix(CONFIGS / "demo-jax.yaml").entries[0]
+    # a pinned page count: this is about flags, not the stack's KV sizing
+    entry = replace(load_matrix(CONFIGS / "demo-jax.yaml").entries[0], engine={"num_gpu_blocks_override": 64})
     launch = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     write_manifest(tmp_path, entry, launch)
     implied = load_runner("tpu-inference").implied_flags
@@ -96,9 +103,10 @@ def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
                 for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
 
     jax_twin = {"runner": "tpu-inference", "device": "cpu", "live_flags": True}
-    # a stock server: the API server's import and the engine core's, as the build fingerprinted
-    assert guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(2), **jax_twin).status == "match"
-    check = guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(3), **jax_twin)
+    # an engine core as aotc's plugin leaves it: the stack's flags once, as the build fingerprinted
+    assert guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(1), **jax_twin).status == "match"
+    # one the plugin did not collapse (the API server's copy and its own): JAX hashes both, so the keys differ
+    check = guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(2), **jax_twin)
     assert check.status == "mismatch" and [d.split(":")[0] for d in check.differences] == ["xla_flags"]
 
 
@@ -132,9 +140,9 @@ def test_guard_mode(value, mode):
 
 
 def test_import_and_register_are_free_when_unset():
-    code = ("import sys, aotc.guard as g; g.register(); "
+    code = ("import sys, aotc.guard as g, aotc.runners.watching as w; g.register(); "
             "print(sorted(m for m in ('torch', 'torch_xla', 'vllm', 'yaml', 'pydantic', 'aotc.matrix') "
-            "if m in sys.modules), any(isinstance(f, g._PostImportHook) for f in sys.meta_path))")
+            "if m in sys.modules), any(isinstance(f, w._PostImportHook) for f in sys.meta_path))")
     env = {k: v for k, v in os.environ.items() if k != "AOTC_GUARD"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["[]", "False"]
@@ -146,7 +154,7 @@ def test_steps_are_patched_once_when_the_worker_module_is_imported(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "worker.py").write_text("class TPUWorker:\n" + "".join(
         f"    def {m}(self, *a): return '{m}'\n" for m in ("execute_model", "sample_tokens")))
-    code = ("import aotc.guard as g; seen = []\n"
+    code = ("import aotc.runners.watching as g; seen = []\n"
             "patch = lambda m: g.patch_steps(m.TPUWorker, lambda w, what, s: seen.append((what, s)))\n"
             "g.when_imported('fakevllm.worker', patch); g.when_imported('fakevllm.worker', patch)\n"
             "from fakevllm.worker import TPUWorker as W; w = W(); w.execute_model('sched'); w.sample_tokens(None)\n"
@@ -177,15 +185,15 @@ GRAPHS = (GraphRecord("backbone", {"num_tokens": 32, "num_reqs": 8, "num_blocks"
 
 
 def test_uncovered_families_names_what_the_manifest_lacks():
-    assert guard.uncovered_families(GRAPHS, STEP, watcher.step_families(STEP)) == [
+    assert watching.uncovered_families(GRAPHS, STEP, watcher.step_families(STEP)) == [
         "select_hidden_states[num_tokens=32, num_reqs=16]", "sample_from_logits[num_reqs=16, all_greedy=False]"]
     with_logprobs = {**STEP, "logprobs": True}
-    assert "gather_logprobs[num_reqs=16]" in guard.uncovered_families(GRAPHS, with_logprobs,
+    assert "gather_logprobs[num_reqs=16]" in watching.uncovered_families(GRAPHS, with_logprobs,
                                                                       watcher.step_families(with_logprobs))
 
 
 def test_counter_delta_survives_dynamo_resets():
-    assert guard.counter_delta({"a": 5, "b": 2}, {"a": 7, "b": 1}) == {"a": 2, "b": 1}
+    assert watching.counter_delta({"a": 5, "b": 2}, {"a": 7, "b": 1}) == {"a": 2, "b": 1}
 
 
 def test_cache_misses_survive_the_dynamo_bridge_clearing_counters(monkeypatch):

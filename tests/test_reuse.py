@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aotc.build import build_matrix, runner_env
+from aotc.build import BuildOptions, build_matrix, runner_process_env
 from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import RUNTIME, GraphRecord, Manifest
 from aotc.matrix import load_matrix
@@ -76,7 +76,7 @@ def publish_entry(tmp_path, url, *, traffic=16, seed=0, graphs_left_out=0, finge
     (but the last ``graphs_left_out``), one runtime graph, the sweep's traffic and seed."""
     entry = load_matrix(DEMO).entries[0]
     plan = plan_entry(entry)
-    fp = fingerprint_entry(entry, runner_env(entry))
+    fp = fingerprint_entry(entry, runner_process_env(entry))
     art = make_artifact(tmp_path / "published", entry=entry.name, inputs=fp.inputs,
                         fingerprint=fingerprint or fp.digest, files={"jit_a-1-cache": b"a", "sub/jit_b-2-cache": b"b"})
     kept = plan.graphs[:len(plan.graphs) - graphs_left_out]
@@ -91,7 +91,8 @@ def test_an_entry_published_as_this_build_would_make_it_is_taken_whole(tmp_path)
     url = str(tmp_path / "store")
     plan, digest = publish_entry(tmp_path, url)
     store = Store.from_url(url)
-    report = build_matrix(load_matrix(DEMO), out_dir=tmp_path / "out", traffic=16, seed=0, store=store)
+    report = build_matrix(load_matrix(DEMO), out_dir=tmp_path / "out",
+                          options=BuildOptions(traffic_requests=16, seed=0, store=store))
     taken = report.entries[0]
     assert report.ok and taken.source == "store" and (taken.compiled, taken.reused) == (0, 2)
     assert (taken.planned, taken.graphs_with_keys, taken.runtime_graphs) == (len(plan.graphs), len(plan.graphs), 1)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from aotc.fingerprint import runner_python
+from aotc.runners.spec import runner_python
 from aotc.matrix import load_matrix
-from aotc.runners.spec import load_runner
 from aotc.engine_args import cli_flags
+from aotc.fingerprint import entry_kv_blocks
 from aotc.server import serve_command
 
 from .conftest import CONFIGS
@@ -34,7 +34,7 @@ def test_stock_server_carries_the_entrys_shape_and_pinned_kv(runner, tmp_path):
     assert option(cmd.argv, "--max-model-len") == str(entry.max_model_len)
     assert option(cmd.argv, "--max-num-seqs") == str(entry.max_num_seqs)
     assert option(cmd.argv, "--max-num-batched-tokens") == str(entry.max_num_batched_tokens)
-    kv = load_runner(runner).load("buckets").kv_blocks(entry)
+    kv = entry_kv_blocks(entry)
     assert option(cmd.argv, "--num-gpu-blocks-override") == str(kv)
     assert option(cmd.argv, "--port") == "12345"
     # vLLM's default multiprocessing (API server + engine core), and the in-process flag never leaks in

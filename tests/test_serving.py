@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from aotc.fingerprint import fingerprint_entry
+from aotc.fingerprint import entry_kv_blocks
+from aotc.kv import KvNotSized
 from aotc.matrix import load_matrix
 from aotc.server import serve_command
 
@@ -133,6 +135,15 @@ def served(manifest: str):
     return entry, deployment["spec"]["template"]["spec"]
 
 
+def built_kv_blocks(entry, server_command: list[str]) -> int:
+    """The page count a build of the entry pins: the matrix's or vllm-tpu's rule; one the stack sizes on the
+    TPU (tpu-inference) cannot be sized here, and the manifest carries the count such a build recorded."""
+    try:
+        return entry_kv_blocks(entry, size=False)
+    except KvNotSized:
+        return int(option(server_command, "--num-gpu-blocks-override"))
+
+
 def plain_env(container: dict) -> dict[str, str]:
     return {name: e["value"] for name, e in env_of(container).items() if "value" in e}
 
@@ -143,7 +154,7 @@ def test_pod_runs_the_stock_server_the_canary_runs(manifest):
     [init], [vllm] = pod["initContainers"], pod["containers"]
     command = vllm["command"]
     expected = serve_command(entry, option(init["command"], "--dest"), int(option(command, "--port")),
-                             host=option(command, "--host"), guard=None)
+                             host=option(command, "--host"), guard=None, kv_blocks=built_kv_blocks(entry, command))
     assert command == ["vllm", *expected.argv[1:]]  # same flags, KV page count included
     env = plain_env(vllm)
     assert {k: env.get(k) for k in expected.env} == expected.env  # None: must be unset
@@ -155,7 +166,8 @@ def test_init_container_fingerprints_what_the_server_runs(manifest):
     """fetch in the init container (no runner venv there) computes the engine container's fingerprint."""
     entry, pod = served(manifest)
     [init], [vllm] = pod["initContainers"], pod["containers"]
-    assert fingerprint_entry(entry, plain_env(init)).digest == fingerprint_entry(entry, plain_env(vllm)).digest
+    kv = built_kv_blocks(entry, vllm["command"])
+    assert fingerprint_entry(entry, plain_env(init), kv).digest == fingerprint_entry(entry, plain_env(vllm), kv).digest
 
 
 # --- the sharded build Job ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import run_aotc
+from .helpers.cli import json_output
 
 TOY = Path(__file__).parent / "toy_runner"
 
@@ -48,9 +49,7 @@ def toy(*args, env=None, **kwargs):
 
 
 def ok_json(*args, **kwargs) -> dict:
-    proc = toy(*args, "--json", **kwargs)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return json_output(toy(*args, "--json", **kwargs))
 
 
 @pytest.fixture(scope="module")

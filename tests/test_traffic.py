@@ -78,3 +78,25 @@ def test_the_grid_comes_on_top_of_the_same_coverage_and_random_requests():
         assert sum(map(len, plain)) >= requests
         assert gridded[:len(plain)] == plain  # --traffic N buys the same sweep; the grid is extra
         assert len(gridded) - len(plain) == 2 * len(traffic.step_shapes(limits(e)))
+
+
+def test_image_batches_fit_the_model_and_place_one_placeholder_per_image():
+    """Each image size is sent alone, then mixed with text prompts; every image prompt holds its images'
+    placeholders in order and, with each image's tokens, leaves room for the output within max_model_len."""
+    import dataclasses
+
+    placeholder = (1000, 1001, 1002)
+    sizes = ((56, 56, 4), (112, 84, 12))
+    for seqs, length in ((8, 128), (2, 64), (16, 512)):
+        lim = dataclasses.replace(limits(entry(seqs, length, 64)), image_sizes=sizes, image_placeholder=placeholder,
+                                  images_per_prompt=2)
+        batches = traffic.image_batches(random.Random(seqs), lim, VOCAB)
+        assert [[r.images[0][:2] for r in batch] for batch in batches[:len(sizes)]] == [[s[:2]] for s in sizes]
+        mixed = [r for batch in batches[len(sizes):] for r in batch]
+        assert any(r.images for r in mixed) and any(not r.images for r in mixed)
+        for r in (r for batch in batches for r in batch if r.images):
+            assert r.prompt.count(placeholder[1]) == len(r.images)
+            tokens = {(h, w): t for h, w, t in sizes}
+            expanded = len(r.prompt) + sum(tokens[h, w] - 1 for h, w, _ in r.images)
+            assert expanded + traffic.MAX_NEW_TOKENS <= length, (seqs, length, r)
+    assert traffic.image_batches(random.Random(0), limits(entry(8, 128, 64)), VOCAB) == []

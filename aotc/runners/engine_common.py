@@ -7,15 +7,12 @@ import os
 from typing import Any
 
 from aotc.engine_args import POD_ONLY_ARGS
+from aotc.processes import update_env
 
 
 def apply_env(env: dict[str, str | None]) -> None:
-    """Set each variable; ``None`` unsets it."""
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    """Set each variable in this process; ``None`` unsets it."""
+    update_env(os.environ, env)
 
 
 def engine_args(entry: dict[str, Any], model: str, local: bool, seed: int, **runner_args: Any) -> dict[str, Any]:

@@ -56,10 +56,6 @@ def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
     return paddings
 
 
-def kv_blocks(max_num_seqs: int, max_model_len: int, page_size: int, override: int | None = None) -> int:
-    """The KV cache's page count, pinned: it is a shape in every backbone graph, so build, verify and a
-    pod must all use it (vLLM's ``num_gpu_blocks_override``). Default: every sequence at full length,
-    +1 for vLLM's null block; the matrix's ``engine.num_gpu_blocks_override`` wins."""
-    if override:
-        return int(override)
+def full_length_blocks(max_num_seqs: int, max_model_len: int, page_size: int) -> int:
+    """KV pages for every sequence at full length, +1 for the null block vLLM reserves."""
     return max_num_seqs * cdiv(max_model_len, page_size) + 1

@@ -238,8 +238,3 @@ def _keep_progress_pipe_private() -> None:
             os.environ.pop(PROGRESS_FD_ENV, None)
 
 
-def exit_now(code: int) -> None:
-    """Leave without interpreter teardown: an in-process vLLM engine can hang there; the result is on disk."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

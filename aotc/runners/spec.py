@@ -2,17 +2,24 @@
 ``aotc.runners`` (the way fsspec finds a filesystem by protocol). A backend is one package that exposes a
 ``RunnerSpec`` and registers it; no core module names a runner. See docs/design.md, "Runner interface".
 
-Everything here is import-light: a spec names modules by string, imported on first use.
+Everything here is import-light: a backend's hooks import its stack inside themselves, on first use.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+from aotc.errors import BadInput
 
 ENTRY_POINT_GROUP = "aotc.runners"
 # The matrix's runner when it names none (docs/design.md, "Matrix"): the first backend aotc had.
@@ -21,12 +28,19 @@ DEFAULT_RUNNER = "vllm-tpu"
 
 @dataclass(frozen=True)
 class RunnerSpec:
+    """A backend, as the core sees it (in the spirit of vLLM's ``Platform``): static facts are fields, each hook
+    is a documented method with a default. A backend subclasses it, overrides the hooks its stack has
+    (importing its heavy modules inside them, never at class level) and registers one instance. The core
+    resolves it once per entry (``load_runner``) and calls only these methods."""
+
     name: str
     """The matrix's ``runner:`` value, e.g. ``vllm-tpu``."""
     module: str
     """Run as ``python -m <module> {build|verify} REQUEST.json RESULT.json`` (aotc/runners/protocol.py)."""
     buckets: str
-    """Module with ``capture_plan(entry, hf_config)`` and ``bucket_summary(entry)``; imports no heavy stack."""
+    """Module holding the plan-side primitives the default hooks derive from: ``capture_plan(entry, hf_config)``
+    and ``bucket_summary(entry)`` (required), ``kv_page_size``, ``implied_flags``, ``implied_env``, ``mesh``
+    (optional, each ``(entry)``) and ``traffic_images(entry, hf_config)``. It imports no heavy stack: plan and fingerprint run without one."""
     packages: tuple[str, ...]
     """Distributions whose versions enter the fingerprint (read from metadata, never imported)."""
     env_vars: tuple[str, ...] = ()
@@ -34,18 +48,6 @@ class RunnerSpec:
     implied_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Flags the stack adds to XLA_FLAGS / LIBTPU_INIT_ARGS at import, before anything compiles."""
     devices: tuple[str, ...] = ("cpu", "tpu")
-    watcher: str | None = None
-    """``module:callable`` the guard installs in a serving process; None: the guard logs that it is unwatched."""
-    probe: str | None = None
-    """``module:callable() -> dict`` ``aotc doctor`` runs: can this stack load its own persistent cache?
-    The dict carries at least ``loadable`` (bool) and ``verdict`` (one line)."""
-    serve: str | None = None
-    """``module:callable(entry: dict, cache_dir) -> (engine_args, env)``: the stock ``vllm serve`` for an
-    entry (aotc/server.py turns it into a command line; env values None mean unset)."""
-    cache_log: str | None = None
-    """``module:callable() -> {"env": {...}, "hit": regex, "miss": regex}``: logging-only settings under which
-    the stack logs each persistent-cache lookup (both regexes capture graph name and cache key); the
-    canary counts start-up hits with it. None: the cache's files are the only evidence."""
     unserved: Mapping[str, str] = field(default_factory=dict)
     """Request options the stock server of this stack cannot serve -> why (the upstream reference). The
     canary leaves them out of its load and reports each one: a documented limitation, never a silent skip."""
@@ -55,24 +57,90 @@ class RunnerSpec:
     cache_loads: bool = False
     """The stack reads its persistent cache back: a build may seed it from the store (aotc/reuse.py) and the
     runner's build result lists ``cache_reads`` / ``cache_writes`` (cache file names)."""
-    validate: str | None = None
-    """``module:callable(entry, hf_config) -> list[str]``: the stack's own rules for an entry, one problem a
-    line as ``KEY.PATH: reason`` with the key path relative to the model (``env.X: ...``); [] when valid."""
+    kv_size: str | None = None
+    """Module run as ``python -m <module>`` with an entry's JSON on stdin that prints ``{"kv_blocks": N}``: the
+    KV page count the stack itself sizes for the entry on its device (aotc/kv.py); its ``SIZING_ENV`` names
+    the variables that sizing reads besides the fingerprint's. None: the full-length rule (``kv_page_size``)."""
     twin_modules: tuple[str, ...] = ()
     """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
     its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
+
+    # -- plan side: derived from the ``buckets`` module ------------------------------------------------------
+    def capture_plan(self, entry: Any, hf_config: dict | None) -> list[Any]:
+        """Every graph the entry needs (``GraphSpec``), in the order the stack's warm-up compiles them."""
+        return self._buckets().capture_plan(entry, hf_config)
+
+    def bucket_summary(self, entry: Any) -> dict[str, Any]:
+        """The padded buckets behind the plan, for ``aotc plan`` and the report."""
+        return self._buckets().bucket_summary(entry)
+
+    def kv_page_size(self, entry: Any) -> int | None:
+        """Tokens per KV page, for the full-length page count of a runner without ``kv_size`` (aotc/kv.py);
+        None: the runner pins no page count."""
+        return self._derived("kv_page_size", entry, None)
+
+    def kv_sizing_env(self) -> tuple[str, ...]:
+        """Variables the ``kv_size`` module's sizing reads besides the fingerprint's (its ``SIZING_ENV``)."""
+        return tuple(importlib.import_module(self.kv_size).SIZING_ENV) if self.kv_size else ()
+
+    def entry_flags(self, entry: Any) -> dict[str, tuple[str, ...]]:
+        """XLA_FLAGS / LIBTPU_INIT_ARGS words the runner adds for this entry (e.g. the twin's device count)."""
+        return self._derived("implied_flags", entry, {})
+
+    def implied_env(self, entry: Any) -> dict[str, str]:
+        """Values of ``env_vars`` the entry implies when the matrix sets none (e.g. LoRA's model code)."""
+        return self._derived("implied_env", entry, {})
+
+    def traffic_images(self, entry: Any, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
+        """(height, width, image tokens) of the images a server of this entry is sent (the sweep's and the
+        canary's); () for a text model."""
+        rule = getattr(self._buckets(), "traffic_images", None)
+        return tuple(rule(entry, hf_config)) if rule else ()
+
+    def mesh(self, entry: Any) -> dict[str, Any] | None:
+        """The device mesh the entry's graphs are sharded over; None: the runner declares none."""
+        return self._derived("mesh", entry, None)
+
+    # -- stack side: backends override these -----------------------------------------------------------------
+    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+        """The stack's own rules for an entry, one problem a line as ``KEY.PATH: reason`` (key path relative
+        to the model, e.g. ``env.X: ...``); [] when valid."""
+        return []
+
+    def serve(self, entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+        """The stock ``vllm serve`` for an entry: (engine arguments, env; None means unset)."""
+        raise NotImplementedError(f"runner {self.name} cannot describe its stock server")
+
+    def probe(self) -> dict[str, Any] | None:
+        """What ``aotc doctor`` reports: can this stack load its own persistent cache? At least ``loadable``
+        (bool) and ``verdict`` (one line); None: the runner has no probe."""
+        return None
+
+    def watcher(self, guard: Any) -> Any | None:
+        """The compile counter the serving guard installs in a serving process; None: unwatched (logged)."""
+        return None
+
+    def cache_log(self) -> dict[str, Any]:
+        """Logging-only settings under which the stack logs each persistent-cache lookup: ``{"env": {...},
+        "hit": regex, "miss": regex}``, each regex capturing (graph name, cache key); {}: no such log."""
+        return {}
+
+    def python(self, environ: Mapping[str, str] | None = None) -> str:
+        """The interpreter the runner runs under: ``python_env`` if set, else this one (a stack that cannot
+        share the core's venv gets its own)."""
+        return (os.environ if environ is None else environ).get(self.python_env) or sys.executable
 
     @property
     def python_env(self) -> str:
         """The variable naming this runner's interpreter when its stack has its own venv."""
         return "AOTC_PYTHON_" + self.name.upper().replace("-", "_")
 
-    def load(self, attribute: str) -> Any:
-        """Import one of the spec's ``module`` / ``module:callable`` strings."""
-        target = getattr(self, attribute)
-        module, _, name = target.partition(":")
-        loaded = importlib.import_module(module)
-        return getattr(loaded, name) if name else loaded
+    def _buckets(self) -> Any:
+        return importlib.import_module(self.buckets)
+
+    def _derived(self, primitive: str, entry: Any, default: Any) -> Any:
+        rule = getattr(self._buckets(), primitive, None)
+        return rule(entry) if rule else default
 
 
 class UnknownRunner(ValueError):
@@ -96,3 +164,62 @@ def load_runner(name: str) -> RunnerSpec:
     except KeyError:
         known = ", ".join(sorted(registered())) or "none installed"
         raise UnknownRunner(f"unknown runner {name!r} (registered: {known})") from None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def runner_python(runner: str, environ: Mapping[str, str] | None = None) -> str:
+    """The interpreter a runner runs under (``RunnerSpec.python``)."""
+    return load_runner(runner).python(environ)
+
+
+def runner_versions(runner: str, environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The runner's package versions, from the metadata of the interpreter that will run it.
+
+    Where that stack is not installed at all (this interpreter lacks its packages and no
+    AOTC_PYTHON_<RUNNER> names another, e.g. a fetch init container), the versions this aotc pins for the
+    runner stand in: the stack a pod may serve with is the pinned one, and the guard in the running engine
+    compares the real versions with the manifest's."""
+    spec = load_runner(runner)
+    python = spec.python(environ)
+    if not _same_interpreter(python):
+        return dict(_foreign_versions(python, spec.packages))
+    found = {pkg: package_version(pkg) for pkg in spec.packages}
+    if spec.pins and None in found.values():
+        return {pkg: spec.pins.get(pkg) for pkg in spec.packages}
+    return found
+
+
+def _same_interpreter(python: str) -> bool:
+    try:
+        return Path(python).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        return False
+
+
+_VERSIONS_SCRIPT = """import json, sys
+from importlib import metadata
+from pathlib import Path
+def v(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+json.dump({name: v(name) for name in sys.argv[1:]}, sys.stdout)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _foreign_versions(python: str, packages: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    # Metadata only, nothing imported: a ~50 ms subprocess, so plan/fingerprint stay light.
+    try:
+        out = subprocess.run([python, "-I", "-c", _VERSIONS_SCRIPT, *packages], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BadInput(f"cannot read package versions from runner interpreter {python}: {exc}") from None
+    return tuple(json.loads(out).items())

@@ -9,7 +9,9 @@ buckets, the step grid: one scheduler step at every reachable request bucket × 
 ± prompt logprobs. The runner supplies its buckets; `prompt_logprobs` adds prompt-logprob requests for
 backends that support them. An entry with ``enable_lora`` sends every batch with base-model requests and
 requests naming each of ``max_loras`` adapters mixed (a random adapter, aotc/runners/lora.py), so the steps
-run with LoRA active as a server's do."""
+run with LoRA active as a server's do. A runner that names image sizes (a vision-language model) adds image
+batches: each size alone, then images of random sizes mixed with text prompts (solid and noise images made
+here, placed after a random text prefix)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class Request:
     sampling: dict[str, Any]
     adapter: int = 0
     """0: the base model; k >= 1: the k-th LoRA adapter (its vLLM lora_int_id)."""
+    images: tuple[tuple[int, int, int], ...] = ()
+    """(height, width, seed) of each image; the prompt holds one image placeholder per image, in order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,12 @@ class Limits:
     token_buckets: tuple[int, ...] = ()
     # LoRA adapters a step may hold at once (the entry's max_loras when enable_lora); 0: no LoRA.
     loras: int = 0
+    # Image sizes to send, (height, width, tokens the image takes in the prompt); empty: text only.
+    image_sizes: tuple[tuple[int, int, int], ...] = ()
+    # The token ids that stand for one image in a prompt (the engine expands them to the image's tokens).
+    image_placeholder: tuple[int, ...] = ()
+    # Images one prompt may hold (vLLM's limit_mm_per_prompt).
+    images_per_prompt: int = 1
 
     @property
     def prompt_logprobs(self) -> bool:
@@ -102,6 +112,46 @@ def _batch(rng, size, vocab, max_prompt, greedy_of, logprobs_of, prompt_logprobs
         Request(_prompt(rng, vocab, max_prompt), _sampling(rng, greedy_of(i), logprobs_of(i), prompt_logprobs_of(i)))
         for i in range(size)
     ]
+
+
+def _image_request(rng: random.Random, limits: Limits, vocab: int, sizes: list[tuple[int, int, int]]) -> Request:
+    """A text prefix, the images' placeholders, a text suffix; the prompt and its images fit max_model_len."""
+    room = limits.max_model_len - MAX_NEW_TOKENS - 1 - sum(tokens + len(limits.image_placeholder)
+                                                           for _, _, tokens in sizes)
+    prefix, suffix = rng.randint(0, max(0, room // 2)), rng.randint(1, max(1, room // 2))
+    placeholders = [t for _ in sizes for t in limits.image_placeholder]
+    prompt = _tokens(rng, vocab, prefix) + placeholders + _tokens(rng, vocab, suffix)
+    return Request(prompt, _sampling(rng, rng.random() < 0.5, rng.random() < 0.3, False),
+                   images=tuple((h, w, rng.randrange(1 << 30)) for h, w, _ in sizes))
+
+
+def image_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
+    """Each image size alone; then full batches mixing text prompts with prompts of one or more images of
+    random sizes."""
+    if not limits.image_sizes:
+        return []
+    sizes = list(limits.image_sizes)
+    batches = [[_image_request(rng, limits, vocab, [size])] for size in sizes]
+    for _ in range(2):
+        batch = []
+        for i in range(limits.max_num_seqs):
+            if i % 3 == 1:
+                batch.append(Request(_prompt(rng, vocab, limits.max_model_len // 2), _sampling(rng, True, False, False)))
+                continue
+            count = rng.randint(1, limits.images_per_prompt)
+            batch.append(_image_request(rng, limits, vocab, [rng.choice(sizes) for _ in range(count)]))
+        batches.append(batch)
+    return batches
+
+
+def made_image(height: int, width: int, seed: int):
+    """A solid or a noise RGB image of the size (PIL)."""
+    from PIL import Image
+
+    rng = random.Random(seed)
+    if seed % 2:
+        return Image.frombytes("RGB", (width, height), rng.randbytes(width * height * 3))
+    return Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
 
 
 def step_shapes(limits: Limits) -> list[tuple[int, int]]:
@@ -178,7 +228,7 @@ def plan_traffic(seed: int, requests: int, limits: Limits, vocab: int) -> list[l
     batches = coverage_batches(rng, limits, vocab)
     while sum(map(len, batches)) < requests:
         batches.append(random_batch(rng, limits, vocab))
-    return mix_adapters(batches + step_batches(rng, limits, vocab), limits.loras)
+    return mix_adapters(batches + step_batches(rng, limits, vocab), limits.loras) + image_batches(rng, limits, vocab)
 
 
 def mix_adapters(batches: list[list[Request]], loras: int) -> list[list[Request]]:
@@ -198,12 +248,19 @@ def run_traffic(llm, batches: list[list[Request]]) -> int:
     sent = 0
     with _adapters(llm, batches) as adapters:
         for batch in batches:
-            prompts = [{"prompt_token_ids": r.prompt} for r in batch]
+            prompts = [_engine_prompt(r) for r in batch]
             params = [SamplingParams(**r.sampling) for r in batch]
             loras = [adapters[r.adapter] for r in batch] if adapters else None
             llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
             sent += len(batch)
     return sent
+
+
+def _engine_prompt(request: Request) -> dict[str, Any]:
+    prompt: dict[str, Any] = {"prompt_token_ids": request.prompt}
+    if request.images:
+        prompt["multi_modal_data"] = {"image": [made_image(h, w, seed) for h, w, seed in request.images]}
+    return prompt
 
 
 @contextlib.contextmanager

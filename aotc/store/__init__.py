@@ -6,8 +6,8 @@ Modules (docs/design.md "Store layout"):
   backends   write (and local read) semantics per kind of backend
   core       ``Store``: reads, writes, manifests (self-verifying), refs
   leases     publish/gc leases, the waiting rule, breaking a stale lease
-  scan       ``StoreInfo`` of frozen records, damage as ``StoreWarning``
-  gc         ``GcStrategy`` (plan) and ``execute`` (manifests first, objects last)
+  scan       ``scan_store`` -> ``StoreInfo`` of frozen records (damage as ``StoreWarning``), ``GcStrategy``
+             (the plan) and its ``execute`` (manifests first, objects last)
   transfer   the byte meter and fail-fast parallel map publish and fetch share
   cache      a node-local object cache for fetch
 
@@ -24,9 +24,18 @@ from aotc.store.core import (
     parse_store_manifest,
     stored_manifest_bytes,
 )
-from aotc.store.gc import GcReport, GcStrategy, plan_gc
 from aotc.store.layout import SHA256_HEX, check_name, is_temp_name
-from aotc.store.scan import DEFAULT_MIN_AGE, EntryInfo, ManifestInfo, StoreInfo, StoreWarning
+from aotc.store.scan import (
+    DEFAULT_MIN_AGE,
+    EntryInfo,
+    GcReport,
+    GcStrategy,
+    ManifestInfo,
+    StoreInfo,
+    StoreWarning,
+    plan_gc,
+    scan_store,
+)
 from aotc.store.transfer import Meter, run_parallel
 from aotc.store.url import (
     DEFAULT_STORE_DIR,
@@ -43,5 +52,5 @@ __all__ = [
     "ENV_STORE_OPTIONS", "GC_LOCK_TTL", "MANIFEST_READS", "PUBLISH_LEASE_TTL", "SHA256_HEX", "EntryInfo",
     "GcReport", "GcStrategy", "ManifestInfo", "Meter", "ObjectInfo", "Store", "StoreInfo", "StoreWarning",
     "check_name", "human_size", "is_temp_name", "parse_store_manifest", "parse_time", "plan_gc",
-    "resolve_store_url", "run_parallel", "sha256_file", "store_options_from_env", "stored_manifest_bytes",
+    "resolve_store_url", "run_parallel", "scan_store", "sha256_file", "store_options_from_env", "stored_manifest_bytes",
 ]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -246,36 +244,6 @@ class Store:
     def write_ref(self, manifest: Manifest) -> None:
         body = {"entry": manifest.entry, "fingerprint": manifest.fingerprint, "created": manifest.created}
         self.replace(self.ref_path(manifest.entry), (json.dumps(body, sort_keys=True) + "\n").encode())
-
-    # leases (aotc/store/leases.py holds the protocol)
-    @contextmanager
-    def lock(self, kind: str) -> Iterator[str]:
-        from aotc.store.leases import hold
-
-        with hold(self, kind) as path:
-            yield path
-
-    def live_locks(self, kind: str, now: float, ttl: float, mine: str | None = None) -> list[str]:
-        from aotc.store.leases import live_leases
-
-        return [lease.path for lease in live_leases(self, kind, now, ttl, mine)]
-
-    def wait_for_gc(self, lease: str, poll: float = 0.5) -> None:
-        from aotc.store.leases import wait_for_gc
-
-        wait_for_gc(self, lease, poll)
-
-    def server_time(self, path: str) -> float:
-        from aotc.store.leases import server_time
-
-        return server_time(self, path)
-
-    # scan
-    def scan(self) -> Any:
-        from aotc.store.scan import scan_store
-
-        self.require()
-        return scan_store(self)
 
 
 def stored_manifest_bytes(manifest: Manifest) -> bytes:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from aotc.files import pid_namespace, process_state
 from aotc.store import layout
+from aotc.store.core import info_mtime
 
 if TYPE_CHECKING:
     from aotc.store.core import Store
@@ -69,8 +70,6 @@ def hold(store: Store, kind: str) -> Iterator[str]:
 
 def server_time(store: Store, path: str) -> float:
     """The store's clock, read from a file we just wrote, so lease ages ignore client skew."""
-    from aotc.store.core import info_mtime
-
     try:
         return info_mtime(store.fs.info(path)) or time.time()
     except FileNotFoundError:
@@ -78,8 +77,6 @@ def server_time(store: Store, path: str) -> float:
 
 
 def list_leases(store: Store, kind: str | None, now: float) -> list[Lease]:
-    from aotc.store.core import info_mtime
-
     leases = []
     for path, info in store.find(layout.LOCKS).items():
         name = path.rsplit("/", 1)[-1]

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.request
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from aotc.processes import free_port
 
 
 class FakeGcs:

@@ -9,7 +9,8 @@ import urllib.request
 from pathlib import Path
 
 from aotc.matrix import Entry
-from aotc.server import Server, free_port, serve_command
+from aotc.processes import free_port
+from aotc.server import Server, serve_command
 
 
 def start(entry: Entry, cache_dir: str | Path, log: Path, guard: str = "strict",

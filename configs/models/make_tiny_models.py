@@ -2,7 +2,11 @@
 tokenizer (tiny-llama's), for dummy-weight builds on the CPU twins. No weights, nothing from a hub.
 
 Each config is the architecture's real config.json shape with every size cut down: 2 layers, hidden 64,
-the demo's 512-token vocabulary. Run once after editing ZOO; the output is committed.
+the demo's 512-token vocabulary. A vision-language model (VISION_ZOO) adds a 2-block vision tower, the
+demo tokenizer with its image special tokens appended, and the image processor's preprocessor_config.json
+bounding every image to a few patches. A speculative-decoding draft (DRAFTS) is a config.json alone: vLLM
+gives a draft the target's tokenizer. Run once after editing ZOO, VISION_ZOO or DRAFTS; the output is
+committed.
 
     python configs/models/make_tiny_models.py
 """
@@ -57,23 +61,74 @@ ZOO: dict[str, dict] = {
                      "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "truncate": False, "original_max_position_embeddings": 64},
                      "router_aux_loss_coef": 0.9, "output_router_logits": False},
+    # An EAGLE-3 target: tpu-inference's JAX Llama hands the drafter the hidden states entering layers
+    # (2, n // 2, n - 3) (LlamaModel.get_eagle3_aux_hidden_state_layers), three distinct layers from 8 on.
+    "tiny-llama-8-layers": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
+                            "attention_bias": False, "mlp_bias": False},
+}
+
+# EAGLE-3 drafts as published: one decoder layer over the target's three hidden states concatenated
+# (target_hidden_size), logits over a draft vocabulary mapped into the target's (draft_vocab_size). vLLM names
+# the architecture Eagle3<arch> (EAGLEConfig), tpu-inference's Eagle3LlamaForCausalLM.
+DRAFTS: dict[str, dict] = {
+    "tiny-llama-eagle3": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+                          "target_hidden_size": COMMON["hidden_size"], "draft_vocab_size": 256},
 }
 
 
-def write(name: str, fields: dict) -> Path:
+# Qwen2.5-VL: the image special tokens after the demo's 512 ids; M-RoPE sections split head_dim / 2 = 8.
+VISION_TOKENS = {"<|vision_start|>": 512, "<|vision_end|>": 513, "<|image_pad|>": 514, "<|video_pad|>": 515}
+PATCH, MERGE, TEMPORAL = 14, 2, 2
+VISION_ZOO: dict[str, dict] = {
+    "tiny-qwen2_5-vl": {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+                        "vocab_size": 528, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+                        "vision_start_token_id": 512, "vision_end_token_id": 513, "image_token_id": 514,
+                        "video_token_id": 515,
+                        "vision_config": {"depth": 2, "hidden_size": 32,
+                                          "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                                          "in_channels": 3, "patch_size": PATCH, "spatial_merge_size": MERGE,
+                                          "temporal_patch_size": TEMPORAL, "window_size": 112,
+                                          "fullatt_block_indexes": [1], "tokens_per_second": 2,
+                                          "hidden_act": "silu"}},
+}
+# Qwen2VLImageProcessor: every image resized to 56x56 .. 112x112 pixels, i.e. 4 .. 16 patches a side,
+# 4 .. 16 image tokens after the 2x2 merge.
+PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+                "min_pixels": 56 * 56, "max_pixels": 112 * 112, "patch_size": PATCH, "merge_size": MERGE,
+                "temporal_patch_size": TEMPORAL, "do_resize": True, "do_rescale": True, "do_normalize": True,
+                "do_convert_rgb": True, "rescale_factor": 1 / 255,
+                "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+
+
+def write(name: str, fields: dict, tokenizer: bool = True) -> Path:
     out = HERE / name
     out.mkdir(exist_ok=True)
     # A config that nests its text model (text_config) holds the common sizes there only.
     config = fields if "text_config" in fields else {**COMMON, **fields}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for file in TOKENIZER_FILES:
+    for file in TOKENIZER_FILES if tokenizer else ():
         shutil.copyfile(TOKENIZER / file, out / file)
+    return out
+
+
+def write_vision(name: str, fields: dict) -> Path:
+    """A vision-language model: its config, the demo tokenizer with the image tokens, the image processor."""
+    out = write(name, fields)
+    tokenizer = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    tokenizer["added_tokens"] += [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                                   "normalized": False, "special": True} for token, i in VISION_TOKENS.items()]
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False) + "\n")
+    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2) + "\n")
     return out
 
 
 def main() -> None:
     for name, fields in ZOO.items():
         print(write(name, fields))
+    for name, fields in DRAFTS.items():
+        print(write(name, fields, tokenizer=False))
+    for name, fields in VISION_ZOO.items():
+        print(write_vision(name, fields))
 
 
 if __name__ == "__main__":

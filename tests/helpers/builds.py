@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aotc.build import make_manifest, plan_coverage, runner_env
+from aotc.build import make_manifest, plan_coverage, runner_process_env
 from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import CACHE_DIR_NAME, VerifySummary
 from aotc.matrix import Entry, parse_matrix
@@ -65,7 +65,7 @@ def write_build(out: Path, entry: Entry, missing: int = 0, runtime: int = 2, sta
                                    "num_tokens": 16 * (i + 1)}) for i in range(runtime)],
     )
     planned, _ = plan_coverage(plan, result)
-    fingerprint = fingerprint_entry(plan.entry, runner_env(plan.entry))
+    fingerprint = fingerprint_entry(plan.entry, runner_process_env(plan.entry))
     manifest = make_manifest(plan, fingerprint, artifact, result, planned, traffic=16, seed=seed)
     extra = {**manifest.extra, **({"canary": canary} if canary else {})}
     replace(manifest, verify=verify, extra=extra).save(artifact)

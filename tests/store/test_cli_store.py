@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -13,22 +12,18 @@ from aotc.manifest import Manifest
 from aotc.matrix import load_matrix
 from aotc.store import ENV_STORE, Store, resolve_store_url
 from tests.conftest import CONFIGS, run_aotc
+from tests.helpers.cli import json_output, one_line_error
 from aotc.testing.artifacts import expected_dest, random_files, tree
 
 DEMO = CONFIGS / "demo.yaml"
 
 
 def ok_json(*args: str, env: dict | None = None) -> dict:
-    proc = run_aotc(*args, "--json", env={"AOTC_NO_PROGRESS": "1", **(env or {})})
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return json_output(run_aotc(*args, "--json", env={"AOTC_NO_PROGRESS": "1", **(env or {})}))
 
 
 def fails(code: int, *args: str, env: dict | None = None) -> str:
-    proc = run_aotc(*args, env=env)
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return proc.stderr
+    return one_line_error(run_aotc(*args, env=env), code)
 
 
 @pytest.fixture

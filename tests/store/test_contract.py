@@ -13,6 +13,8 @@ from aotc.fetch import fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import ALREADY, OTHER_WON, PUBLISHED, publish_artifacts
 from aotc.store import Store
+from aotc.store.leases import hold
+from aotc.store.scan import scan_store
 from aotc.testing.artifacts import expected_dest, random_files, tree
 
 
@@ -237,7 +239,7 @@ class StoreContract:
         self.publish(url, a1, a2, b)
         store = Store.from_url(url)
         store.replace(store.manifest_path("c--x", "f" * 64), b"{not json")
-        info = store.scan()
+        info = scan_store(store)
         by_name = {e.name: e for e in info.entries}
         assert [m.fingerprint for m in by_name["a--x"].manifests] == [fingerprint_of(a2), fingerprint_of(a1)]
         assert by_name["a--x"].ref == fingerprint_of(a2)
@@ -254,12 +256,12 @@ class StoreContract:
         other = artifacts(entry="other--x", files=random_files(2, seed=40))
         self.publish(url, *arts, other)
         store = Store.from_url(url)
-        plan = store.scan().gc(keep=2, min_age=0)
+        plan = scan_store(store).gc(keep=2, min_age=0)
         assert {m.fingerprint for m in plan.manifests_to_delete} == {fingerprint_of(a) for a in arts[:2]}
         assert len(plan.objects_to_delete) == 4 and plan.expected_freed_size > 0
         report = plan.execute(store)
         assert (report.deleted_manifests, report.deleted_objects) == (2, 4)
-        after = store.scan()
+        after = scan_store(store)
         assert not after.warnings
         assert {o.sha256 for o in after.objects} == set(after.referenced)
         for kept in arts[2:] + [other]:
@@ -268,7 +270,7 @@ class StoreContract:
     def test_gc_spares_young_objects(self, url, artifacts):
         self.publish(url, artifacts(inputs={"v": 1}))
         store = Store.from_url(url)
-        plan = store.scan().gc(keep=0)  # default min_age: an hour
+        plan = scan_store(store).gc(keep=0)  # default min_age: an hour
         assert plan.objects_to_delete == () and len(plan.objects_too_new) == 6
         plan.execute(store)
         assert len(store.list_objects()[0]) == 6
@@ -276,23 +278,23 @@ class StoreContract:
     def test_gc_defers_objects_while_a_publish_is_in_flight(self, url, artifacts):
         self.publish(url, artifacts())
         store = Store.from_url(url)
-        plan = store.scan().gc(keep=0, min_age=0)
-        with store.lock("publish"):
+        plan = scan_store(store).gc(keep=0, min_age=0)
+        with hold(store, "publish"):
             report = plan.execute(store)
         assert report.deleted_manifests == 1 and report.deferred_objects == 6 and report.deleted_objects == 0
         assert len(store.list_objects()[0]) == 6
-        assert store.scan().gc(keep=0, min_age=0).execute(store).deleted_objects == 6
+        assert scan_store(store).gc(keep=0, min_age=0).execute(store).deleted_objects == 6
 
     def test_gc_rescans_manifests_before_deleting_objects(self, url, artifacts):
         files = random_files(4, seed=50)
         old = artifacts(files=files, inputs={"v": 1})
         self.publish(url, old)
         store = Store.from_url(url)
-        plan = store.scan().gc(keep=0, min_age=0)
+        plan = scan_store(store).gc(keep=0, min_age=0)
         self.publish(url, artifacts(files=files, inputs={"v": 2}))  # reuses every object after the plan
         report = plan.execute(store)
         assert report.deleted_objects == 0 and report.spared_referenced == 4
-        assert not store.scan().warnings
+        assert not scan_store(store).warnings
 
     def test_publisher_waits_for_a_running_gc(self, url, artifacts):
         import threading
@@ -300,7 +302,7 @@ class StoreContract:
         store = Store.from_url(url)
         art = artifacts()
         done = threading.Event()
-        with store.lock("gc"):
+        with hold(store, "gc"):
             worker = threading.Thread(target=lambda: (self.publish(url, art), done.set()))
             worker.start()
             assert not done.wait(1.0)
@@ -338,7 +340,7 @@ class TestLocal(StoreContract):
         stray.write_bytes(b"partial")
         os.utime(stray, (1, 1))
         assert len(store.list_objects()[0]) == 6
-        plan = store.scan().gc(keep=1)
+        plan = scan_store(store).gc(keep=1)
         assert plan.temp_files_to_delete == (str(stray),)
         plan.execute(store)
         assert not stray.exists()

@@ -17,6 +17,7 @@ from aotc.fetch import fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import ALREADY, OTHER_WON, PUBLISHED, publish_artifacts
 from aotc.store import ENV_STORE_ENDPOINT, Store
+from aotc.store.scan import scan_store
 from aotc.testing.artifacts import expected_dest, random_files, tree
 from tests.store.conftest import new_bucket
 
@@ -60,7 +61,7 @@ def assert_consistent(url: str) -> None:
     store = Store.from_url(url)
     if not store.exists():
         return
-    info = store.scan()
+    info = scan_store(store)
     assert not info.warnings, info.warnings
     for entry in info.entries:
         for m in entry.manifests:
@@ -142,7 +143,7 @@ def test_gc_running_beside_publishers_never_breaks_the_newest_manifest(fresh_url
         gc_store = Store.from_url(url)
         while not stop.is_set():
             try:
-                gc_store.scan().gc(keep=1, min_age=0).execute(gc_store)
+                scan_store(gc_store).gc(keep=1, min_age=0).execute(gc_store)
                 runs[0] += 1
             except Exception as exc:  # reported below, not swallowed
                 errors.append(exc)

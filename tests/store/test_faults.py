@@ -13,6 +13,7 @@ from aotc.fetch import fetch_artifact
 from aotc.manifest import Manifest
 from aotc.publish import PUBLISHED, publish_artifacts
 from aotc.store import Store
+from aotc.store.scan import scan_store
 from aotc.testing.artifacts import expected_dest, random_files, tree
 from tests.conftest import run_aotc
 from tests.store.conftest import new_bucket
@@ -62,7 +63,7 @@ def test_publish_survives_503s_and_a_lost_create_reply(url, art, proxy):
     assert result.status == PUBLISHED and proxy.injected["drop_response"] == 1
     proxy.clear()
     store = Store.from_url(url)
-    assert not store.scan().warnings
+    assert not scan_store(store).warnings
 
 
 def test_a_body_short_on_every_attempt_is_an_integrity_error(url, art, artifacts, proxy, tmp_path):

@@ -21,6 +21,7 @@ import pytest
 from aotc.manifest import Manifest
 from aotc.store import ENV_STORE_ENDPOINT, Store
 from tests.conftest import REPO, run_aotc
+from tests.helpers.cli import json_output, one_line_error
 from aotc.testing.artifacts import expected_dest, make_artifact, random_files, tree
 from tests.store.conftest import new_bucket
 
@@ -32,15 +33,10 @@ def aotc(*args, env=None, **kw) -> subprocess.CompletedProcess:
 
 
 def ok(*args, env=None, **kw) -> dict:
-    proc = aotc(*args, "--json", env=env, **kw)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return json_output(aotc(*args, "--json", env=env, **kw))
 
 
-def one_line(proc: subprocess.CompletedProcess, code: int) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return proc.stderr
+one_line = one_line_error
 
 
 def fp(art: Path) -> str:

@@ -6,7 +6,10 @@ parallelism) and the spec-decode steps are capture_model's. Only what a call nee
 for (model functions, LoRA and KV-cache plumbing); nothing is lowered or compiled.
 
 stdin: {"cases": [{"seqs", "tokens", "gap", "dp", "spec": null | {"method", "num_speculative_tokens"},
-                   "async": bool}, ...]}
+                   "async": bool, "multimodal": absent | {"hf_config": config.json, "additional_config",
+                   "mm_processor_kwargs"}}, ...]}
+A multimodal case runs with Qwen2.5-VL's own precompile_vision_encoder (on a stand-in model: the
+encoder functions it hands to `_run_compilation` are never called) and M-RoPE positions.
 stdout (last line): {"calls": [[[family, shape], ...] per case], "paddings": [{tokens, reqs, logits}...]}
 """
 
@@ -27,7 +30,7 @@ from tpu_inference.layers.common.sharding import MESH_AXIS_NAMES_2D  # noqa: E40
 from tpu_inference.runner.compilation_manager import CompilationManager, _describe_signature  # noqa: E402
 from tpu_inference.runner.tpu_runner import TPUModelRunner  # noqa: E402
 
-from aotc.runners.tpu_inference.instrument import family_of  # noqa: E402
+from aotc.runners.tpu_inference.instrument import family_of, shape_of  # noqa: E402
 
 HIDDEN, VOCAB = 64, 256
 
@@ -35,13 +38,29 @@ HIDDEN, VOCAB = 64, 256
 def recorder(calls):
     def run_compilation(self, name, fn, *args, call_kwargs=None, warmup_handler=None, aot=True,
                         compile_only=False, **kwargs):
-        calls.append([family_of(name), _describe_signature(kwargs)])
+        # the stack's logged signature, with aotc's name for an image shape (which the log leaves out)
+        calls.append([family_of(name), {**_describe_signature(kwargs), **shape_of(kwargs)}])
 
     return run_compilation
 
 
+def config_namespace(config: dict) -> SimpleNamespace:
+    return SimpleNamespace(**{k: config_namespace(v) if isinstance(v, dict) else v for k, v in config.items()})
+
+
+def vision_encoder_precompile(multimodal: dict, vllm_config: SimpleNamespace):
+    """Qwen2.5-VL's precompile_vision_encoder bound to a stand-in model that carries its configs."""
+    from tpu_inference.models.jax.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+
+    visual = SimpleNamespace(encode_jit=None, encode_padded_jit=None, enable_dynamic_image_sizes=bool(
+        vllm_config.additional_config.get("enable_dynamic_image_sizes", False)))
+    model = SimpleNamespace(is_first_rank=True, vllm_config=vllm_config, visual=visual)
+    return lambda run_compilation: Qwen2_5_VLForConditionalGeneration.precompile_vision_encoder(model,
+                                                                                               run_compilation)
+
+
 def stand_in_runner(case):
-    dp, spec = case["dp"], case["spec"]
+    dp, spec, multimodal = case["dp"], case["spec"], case.get("multimodal")
     speculative = None
     if spec:
         speculative = SimpleNamespace(num_speculative_tokens=spec["num_speculative_tokens"], method=spec["method"],
@@ -49,17 +68,23 @@ def stand_in_runner(case):
     model_config = SimpleNamespace(max_model_len=128, get_sliding_window=lambda: None, get_vocab_size=lambda: VOCAB,
                                    get_hidden_size=lambda: HIDDEN, uses_mrope=False, dtype="bfloat16",
                                    enforce_eager=False, max_logprobs=20, logprobs_mode="raw_logprobs")
+    scheduler_config = SimpleNamespace(max_num_seqs=case["seqs"], max_num_batched_tokens=case["tokens"],
+                                       async_scheduling=case["async"])
     vllm_config = SimpleNamespace(
         sharding_config=SimpleNamespace(prefill_cp_size=1, total_dp_size=dp),
-        additional_config={}, parallel_config=SimpleNamespace(tensor_parallel_size=1),
-        speculative_config=speculative, compilation_config=SimpleNamespace(compilation_time=0.0))
+        additional_config={}, parallel_config=SimpleNamespace(tensor_parallel_size=1), model_config=model_config,
+        scheduler_config=scheduler_config, speculative_config=speculative,
+        compilation_config=SimpleNamespace(compilation_time=0.0))
+    if multimodal:
+        model_config.hf_config = config_namespace(multimodal["hf_config"])
+        model_config.multimodal_config = SimpleNamespace(mm_processor_kwargs=multimodal.get("mm_processor_kwargs"))
+        vllm_config.additional_config = multimodal.get("additional_config") or {}
     runner = SimpleNamespace(
         model_config=model_config, vllm_config=vllm_config, speculative_config=speculative, dp_size=dp,
         cache_config=SimpleNamespace(block_size=16, cache_dtype="auto"), dtype="bfloat16",
-        scheduler_config=SimpleNamespace(max_num_seqs=case["seqs"], max_num_batched_tokens=case["tokens"],
-                                         async_scheduling=case["async"]),
+        scheduler_config=scheduler_config,
         mesh=jax.sharding.Mesh(np.array(jax.devices()[:dp]).reshape(dp, 1), MESH_AXIS_NAMES_2D),
-        rank=0, uses_mrope=False, is_multimodal_model=False, is_last_rank=True, is_first_rank=True, is_pooling_model=False,
+        rank=0, uses_mrope=bool(multimodal), is_multimodal_model=bool(multimodal), is_last_rank=True, is_first_rank=True, is_pooling_model=False,
         enable_continue_decode=False, lora_config=None, kv_caches=None, state_leaves=None,
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l0"])], has_mamba_layers=False),
         layer_name_to_kvcache_index={}, rng_params_for_sampling=None, model_fn=None, compute_logits_fn=None,
@@ -68,7 +93,8 @@ def stand_in_runner(case):
         structured_decoding_manager=SimpleNamespace(structured_decode_fn=None),
         maybe_setup_dummy_loras=lambda *a: contextlib.nullcontext(),
         maybe_select_dummy_loras=lambda *a: contextlib.nullcontext(),
-        lora_utils=SimpleNamespace(extract_lora_metadata=lambda: None))
+        lora_utils=SimpleNamespace(extract_lora_metadata=lambda: None), embed_input_ids_fn=None,
+        precompile_vision_encoder_fn=vision_encoder_precompile(multimodal, vllm_config) if multimodal else None)
     TPUModelRunner._init_inputs(runner)  # the runner's own buckets
     return runner
 

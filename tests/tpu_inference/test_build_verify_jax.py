@@ -13,7 +13,7 @@ import pytest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 
-from .conftest import REPO
+from .conftest import REPO, run_jax
 
 DEMO = REPO / "configs" / "demo-jax.yaml"
 ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
@@ -69,6 +69,29 @@ def test_a_missing_cache_file_fails_verify_naming_its_family(jax_env, artifact, 
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     said = proc.stdout + proc.stderr
     assert "NOT COVERED: 1 graph(s) missed the cache (backbone)" in said, said[-3000:]
+
+
+# --- one artifact for every process layout ------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_in_process_llm_on_the_fetched_artifact_compiles_nothing(jax_env, artifact, tmp_path):
+    """A user's ``LLM(...)`` in one process imports tpu-inference once, the stock server's engine core (which the
+    canary below checks on the same artifact) twice: aotc's plugin collapses both to the build's flags."""
+    from tests.helpers.canary import publish_copy
+
+    store, _ = publish_copy(artifact, tmp_path, jax_env)
+    one_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    dest = tmp_path / "dest"
+    proc = aotc(jax_env | one_process | {"XLA_FLAGS": "", "LIBTPU_INIT_ARGS": ""}, "fetch", "--config", DEMO,
+                "--entry", ENTRY, "--dest", dest, "--store", store)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # a seed the build's sweep did not use, a few hundred mixed requests: every request and step bucket again
+    out = run_jax(jax_env, Path(__file__).parent / "llm_in_process.py",
+                  {"config": str(DEMO), "entry": ENTRY, "cache_dir": str(dest), "seed": 7, "requests": 300,
+                   "environ": one_process}, timeout=1500)
+    assert out["requests"] >= 300
+    assert out["startup_new"] == [] and out["traffic_new"] == [], out
 
 
 # --- the canary: the stock `vllm serve` from a fetched artifact ---------------------

@@ -12,7 +12,8 @@ from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import Entry, load_matrix
 from aotc.plan import plan_entry
-from aotc.server import Server, free_port, serve_command
+from aotc.processes import free_port
+from aotc.server import Server, serve_command
 from tests.conftest import CONFIGS
 from aotc.testing import stock_server
 

@@ -20,7 +20,7 @@ TINY_LLAMA = REPO / "configs" / "models" / "tiny-llama"
 ENTRY = "tiny-llama-lora--len128-seqs8-tok64-tp1"
 MATRIX = f"""\
 defaults: {{runner: tpu-inference, device: cpu, accelerator: v6e-1, dtype: bfloat16,
-           engine: {{enable_lora: true, max_loras: 2, max_lora_rank: 8}}}}
+           engine: {{enable_lora: true, max_loras: 2, max_lora_rank: 8, num_gpu_blocks_override: 65}}}}
 models:
   - name: tiny-llama-lora
     model: {TINY_LLAMA}

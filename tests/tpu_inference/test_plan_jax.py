@@ -179,12 +179,13 @@ def repeated_graphs(calls: list, theirs: dict) -> set[str]:
 
 def test_feature_plans_follow_the_engines_order(captured):
     """Families appear in the order the engine first compiles them (sampling and logprobs first: tpu-inference
-    compiles them before the KV cache exists)."""
+    compiles them before the KV cache exists); those aotc compiles beyond the warm-up come after."""
     before_kv_cache = ("sample", "gather_logprobs", "gather_logprobs_spec", "gather_prompt_logprobs")
     for case, calls in zip(feature_sweep(), captured["calls"]):
         first_seen = list(dict.fromkeys(family for family, _ in calls))
         stack = [f for f in before_kv_cache if f in first_seen] + [f for f in first_seen if f not in before_kv_cache]
-        assert list(dict.fromkeys(g.family for g in buckets.capture_plan(feature_entry(case)))) == stack, case
+        ours = [g.family for g in buckets.capture_plan(feature_entry(case)) if not g.beyond_warmup]  # aotc's own
+        assert list(dict.fromkeys(ours)) == stack, case
 
 
 def test_async_scheduling_resolves_as_vllm_does(jax_env):
@@ -196,3 +197,66 @@ def test_async_scheduling_resolves_as_vllm_does(jax_env):
         entry = type(base)(**{**base.to_dict(), "engine": {"speculative_config": {"method": method}}})
         assert buckets.async_scheduling(entry) == (method in theirs["async_methods"]), method
     assert "ngram" in theirs["methods"] and "eagle3" in theirs["async_methods"]
+
+
+MULTIMODAL = REPO / "configs" / "multimodal-jax.yaml"
+
+
+def multimodal_sweep() -> list[dict]:
+    """Qwen2.5-VL: vision warm-up image shapes (none, some, sizes the encoder rounds), and the padded encoder of
+    dynamic image sizes with and without an mm_processor_kwargs size limit, over budgets on and between buckets."""
+    shapes = [[], [[56, 56]], [[56, 112], [112, 56], [448, 300]]]
+    extras = [{"vision_warmup_config": {"image_shapes": s}} for s in shapes]
+    extras += [{"enable_dynamic_image_sizes": True}]
+    cases = [{"seqs": seqs, "tokens": tokens, "extra": extra, "mm_kwargs": None}
+             for extra in extras for seqs, tokens in ((8, 64), (4, 100), (16, 512))]
+    cases += [{"seqs": 8, "tokens": 1024, "extra": {"enable_dynamic_image_sizes": True},
+               "mm_kwargs": {"size": {"longest_edge": 112 * 112 * 4}}}]
+    return cases
+
+
+def multimodal_entry(case: dict):
+    base = load_matrix(MULTIMODAL).entries[0]
+    engine = {**base.engine, "additional_config": case["extra"]}
+    if case["mm_kwargs"]:
+        engine["mm_processor_kwargs"] = case["mm_kwargs"]
+    return type(base)(**{**base.to_dict(), "max_num_seqs": case["seqs"], "max_num_batched_tokens": case["tokens"],
+                         "engine": engine})
+
+
+def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(jax_env):
+    """A vision-language model (the tiny Qwen2.5-VL's config.json): the plan lists exactly the `_run_compilation`
+    calls capture_model makes for a multimodal runner (the text-only backbone, Qwen2.5-VL's own
+    precompile_vision_encoder, the input-embeddings merger and the backbone over input embeddings, with M-RoPE
+    positions), by family and shape, in the engine's order."""
+    from aotc.matrix import hf_config
+
+    cases = []
+    for case in multimodal_sweep():
+        entry = multimodal_entry(case)
+        cases.append({"seqs": case["seqs"], "tokens": case["tokens"], "gap": 0, "dp": 1, "spec": None,
+                      "async": buckets.async_scheduling(entry),
+                      "multimodal": {"hf_config": hf_config(entry), "additional_config": case["extra"],
+                                     "mm_processor_kwargs": case["mm_kwargs"]}})
+    captured = run_jax(jax_env, CAPTURE, {"cases": cases})
+    for case, calls in zip(multimodal_sweep(), captured["calls"]):
+        entry = multimodal_entry(case)
+        plan = buckets.capture_plan(entry, hf_config(entry))
+        planned = [g.key for g in plan if not g.beyond_warmup]
+        stack = {GraphSpec(family, tuple(shape.items())).key for family, shape in calls}
+        assert len(planned) == len(set(planned)) and set(planned) == stack, (case, sorted(set(planned) ^ stack)[:6])
+        before_kv_cache = ("sample", "gather_logprobs", "gather_prompt_logprobs")
+        first_seen = list(dict.fromkeys(family for family, _ in calls))
+        order = [f for f in before_kv_cache if f in first_seen] + [f for f in first_seen if f not in before_kv_cache]
+        assert list(dict.fromkeys(g.family for g in plan if not g.beyond_warmup)) == order, case
+        families = {family for family, _ in calls}
+        assert {"input_embeddings_merger", "backbone_with_embeds"} <= families, case
+
+
+def test_plan_refuses_multimodal_architectures_it_does_not_follow():
+    from aotc.matrix import hf_config
+
+    entry = load_matrix(MULTIMODAL).entries[0]
+    config = {**hf_config(entry), "architectures": ["LlavaForConditionalGeneration"]}
+    with pytest.raises(ValueError, match="multimodal architectures"):
+        buckets.capture_plan(entry, config)

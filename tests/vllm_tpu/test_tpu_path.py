@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from aotc.fingerprint import pin_kv
+from aotc.matrix import Entry
 from aotc.runners.vllm_tpu import cpu_platform, engine
 
 from .conftest import REPO, demo_entry
@@ -73,11 +75,12 @@ def test_cpu_env_selects_twin_on_pjrt_cpu(tmp_path):
 
 def test_engine_args_pick_worker_per_device():
     assert engine.engine_args(tpu_entry(), 0)["worker_cls"] == "aotc.runners.vllm_tpu.worker.AotcTPUWorker"
-    args = engine.engine_args(demo_entry(), 3)
+    args = engine.engine_args(pin_kv(Entry.from_dict(demo_entry())).to_dict(), 3)
     assert args["worker_cls"] == "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
     assert args["load_format"] == "dummy" and args["seed"] == 3 and args["block_size"] == 16
-    # the KV page count is pinned for build, verify and pods alike: 8 seqs x 128/16 pages + the null block
-    assert args["num_gpu_blocks_override"] == engine.kv_blocks(demo_entry()) == 8 * 8 + 1
+    # the KV page count the core pins reaches the engine: vllm-tpu's full-length rule, 8 seqs x 128/16 pages
+    # + the null block
+    assert args["num_gpu_blocks_override"] == 8 * 8 + 1
 
 
 def test_start_engine_mocked_tpu_starts_vllm_with_tpu_worker_and_cache(tmp_path, monkeypatch):

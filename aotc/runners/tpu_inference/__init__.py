@@ -16,9 +16,36 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
 """
 
+from dataclasses import dataclass
+from typing import Any
+
 from aotc.runners.spec import RunnerSpec
 
-SPEC = RunnerSpec(
+
+@dataclass(frozen=True)
+class TpuInferenceRunner(RunnerSpec):
+    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+        from aotc.runners.tpu_inference.rules import validate
+
+        return validate(entry, hf_config)
+
+    def serve(self, entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+        from aotc.runners.tpu_inference.engine import serve_settings
+
+        return serve_settings(entry, cache_dir)
+
+    def watcher(self, guard: Any) -> Any:
+        from aotc.runners.tpu_inference.watcher import Watcher
+
+        return Watcher(guard)
+
+    def cache_log(self) -> dict[str, Any]:
+        from aotc.runners.tpu_inference.engine import cache_log
+
+        return cache_log()
+
+
+SPEC = TpuInferenceRunner(
     name="tpu-inference",
     module="aotc.runners.tpu_inference",
     buckets="aotc.runners.tpu_inference.buckets",
@@ -28,17 +55,14 @@ SPEC = RunnerSpec(
     # tpu_inference/env_override.py adds these at import (a test pins this table to it)
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
-    serve="aotc.runners.tpu_inference.engine:serve_settings",
-    cache_log="aotc.runners.tpu_inference.engine:cache_log",
     pins={"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48", "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0",
           "torchax": "0.0.13"},  # requirements/jax.lock
-    watcher="aotc.runners.tpu_inference.watcher:Watcher",
-    validate="aotc.runners.tpu_inference.rules:validate",
     # tpu_inference TpuPlatform.validate_request raises a plain ValueError, which vLLM 0.32's AsyncLLM.generate
     # wraps in EngineGenerateError: the refusal reaches the client as HTTP 500 with an empty message.
     unserved={"seed": "tpu-inference refuses a per-request seed ('JAX does not support per-request seed.', "
                       "TpuPlatform.validate_request); vLLM 0.32 answers it with HTTP 500 and an empty message"},
     cache_loads=True,
+    kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
                   "aotc.runners.tpu_inference.twin_moe"),
 )

@@ -5,7 +5,8 @@ Runs under the JAX venv's interpreter (AOTC_PYTHON_TPU_INFERENCE), never the cor
 
 from __future__ import annotations
 
-from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, exit_now, serve
+from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, serve
+from aotc.processes import exit_now
 
 
 def run(mode: Mode, request: Request) -> BuildResult | VerifyResult:

@@ -1,6 +1,8 @@
 """Graphs a stock server reaches that tpu-inference's own warm-up skips, compiled the way its warm-up
-compiles their smaller siblings: through `CompilationManager._run_compilation`, with the same function,
-shardings and arguments, so the keys are the ones serving looks up.
+compiles their siblings: through `CompilationManager._run_compilation`, with the same function,
+shardings and arguments, so the keys are the ones serving looks up. Prompt logprobs above the warm-up's
+limit; with speculative decoding, the bonus-token sampler, the rejection sampler with logprobs and the
+step's packed host inputs (SPECULATIVE); for an M-RoPE model, the positions each prompt's arrival computes.
 
 The plan names them (`GraphSpec.beyond_warmup`, aotc/runners/tpu_inference/buckets.py); this module only
 executes what the request's plan lists. Imports JAX: runner-side only.
@@ -13,6 +15,11 @@ from collections.abc import Iterable
 from typing import Any
 
 PROMPT_LOGPROBS = "gather_prompt_logprobs"
+BONUS_SAMPLE = "bonus_sample"
+REJECTION_SAMPLER_LOGPROBS = "rejection_sampler_logprobs"
+STEP_INPUTS = "unpack_step_inputs"
+MROPE_POSITIONS = "mrope_positions"
+SPECULATIVE = (BONUS_SAMPLE, REJECTION_SAMPLER_LOGPROBS, STEP_INPUTS)
 
 
 def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
@@ -36,18 +43,164 @@ def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
                                  runner.model_config.max_logprobs, compile_only=True, num_tokens=num_tokens)
 
 
+class ImageFeature:
+    """What get_mrope_input_positions reads of a request's image (vLLM's MultiModalFeatureSpec.data)."""
+
+    def __init__(self, grid: list[int]):
+        self.data = self
+        self.grid = grid
+
+    def get_data(self) -> dict[str, Any]:
+        import numpy as np
+
+        return {"image_grid_thw": np.array(self.grid)}
+
+
+def mrope_positions(manager, shapes: list[dict[str, Any]]) -> None:
+    """M-RoPE positions as a request's arrival computes them (the model's get_mrope_input_positions, small
+    eager JAX ops shaped by the prompt): every text prompt length, and one prompt per image grid (a vision
+    start token, the image's tokens, a vision end token), through `_run_compilation` so that its warm-up pass
+    runs them under the runner's mesh, as execute_model does."""
+    runner = manager.runner
+    config = runner.model_config.hf_config
+    for shape in shapes:
+        if "prompt_len" in shape:
+            tokens, features = [0] * shape["prompt_len"], []
+        else:
+            grid = [int(side) for side in shape["image_grid"].split("x")]
+            merged = grid[0] * grid[1] * grid[2] // config.vision_config.spatial_merge_size ** 2
+            tokens = [config.vision_start_token_id, *[config.image_token_id] * merged, config.vision_end_token_id]
+            features = [ImageFeature(grid)]
+        manager._run_compilation("mrope_positions", runner.get_mrope_input_positions_fn, tokens, features,
+                                 warmup_handler=lambda fn, args, kwargs: fn(*args, **kwargs)[0], **shape)
+
+
+def _sampling_metadata(manager, num_reqs: int, do_sampling: bool, logprobs: bool):
+    """TPUSupportedSamplingMetadata as _precompile_sampling builds it (logprobs picks the dummy's shape)."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
+
+    runner = manager.runner
+    per_request = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.ATTN_DATA))
+    knobs = {}
+    if do_sampling:
+        knobs = {"temperature": manager._create_dummy_tensor((num_reqs, ), jnp.float32, sharding=per_request),
+                 "top_k": manager._create_dummy_tensor((num_reqs, ), jnp.int32, sharding=per_request),
+                 "top_p": manager._create_dummy_tensor((num_reqs, ), jnp.float32, sharding=per_request)}
+    dummy = manager._create_dummy_tensor((1 if logprobs else 2, ), jnp.int32,
+                                         sharding=NamedSharding(runner.mesh, PartitionSpec()))
+    return TPUSupportedSamplingMetadata(**knobs, _cache_collision_dummy=dummy, do_sampling=do_sampling,
+                                        logprobs=logprobs)
+
+
+def bonus_sample(manager, shapes: Iterable[dict[str, Any]]) -> None:
+    """`sample` on the bonus-token rows select_bonus_logits picks: with speculative decoding
+    `_sample_from_logits` samples them in the model's dtype, while _precompile_sampling compiles float32 logits
+    (the cast of the path without speculation)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.layers.jax.sample.sampling import sample
+
+    runner = manager.runner
+    logits_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    for shape in shapes:
+        num_reqs = shape["num_reqs"]
+        logits = manager._create_dummy_tensor((num_reqs, runner.vocab_size), runner.model_config.dtype,
+                                              sharding=logits_sharding)
+        metadata = _sampling_metadata(manager, num_reqs, shape["do_sampling"], shape["logprobs"])
+        manager._run_compilation(f"worker{runner.rank} {BONUS_SAMPLE}", sample, runner.rng_params_for_sampling,
+                                 runner.mesh, logits, metadata,
+                                 call_kwargs={"allow_distributed_sampling": shape["allow_distributed_sampling"]},
+                                 **shape)
+
+
+def rejection_sampler_logprobs(manager, shapes: Iterable[dict[str, Any]]) -> None:
+    """_precompile_rejection_sampler's loop with the logprobs dummy (a step whose requests ask for logprobs
+    passes the rejection sampler the sampler's metadata; the warm-up compiles logprobs off only), its inputs
+    placed as a serving step places them (its compile log's argument mapping): draft tokens and per-request
+    counts over the attention data axis, bonus tokens replicated."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    runner = manager.runner
+    probs_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    replicated = NamedSharding(runner.mesh, PartitionSpec())
+    per_request = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.ATTN_DATA))
+    for shape in shapes:
+        num_logits, num_reqs = shape["num_logits"], shape["num_reqs"]
+        target_probs = manager._create_dummy_tensor((num_logits, runner.vocab_size), runner.model_config.dtype,
+                                                    probs_sharding)
+        draft_token_ids = manager._create_dummy_tensor((num_logits, ), jnp.int32, sharding=per_request)
+        num_draft_tokens = manager._create_dummy_tensor((num_reqs, ), jnp.int32, sharding=per_request)
+        bonus_token_ids = manager._create_dummy_tensor((num_reqs, ), jnp.int32, sharding=replicated)
+        metadata = _sampling_metadata(manager, num_reqs, shape["do_sampling"], logprobs=True)
+        manager._run_compilation(f"worker{runner.rank} {REJECTION_SAMPLER_LOGPROBS}", runner.rejection_sampler,
+                                 draft_token_ids, num_draft_tokens, None, target_probs, bonus_token_ids, metadata,
+                                 runner.rng_params_for_sampling, **shape)
+
+
+def step_inputs(manager, shapes: Iterable[dict[str, Any]]) -> None:
+    """The eager split of a step's packed host inputs (TPUModelRunner._prepare_inputs: DeviceBuffer, then
+    DeviceBuffer.unpack_arrays): one graph per layout, here input ids (the token bucket), query start locations,
+    sequence lengths, logits indices (with speculative decoding the logits bucket, which follows the step's
+    draft counts) and each KV-cache group's block table. Run as the warm-up runs an unjitted helper."""
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.utils import DeviceBuffer, device_array
+
+    runner = manager.runner
+    groups = max(1, len(runner.kv_cache_config.kv_cache_groups))
+    blocks = [runner.input_batch.block_table[g].max_num_blocks_per_req for g in range(groups)]
+    sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.BATCH))
+    for shape in shapes:
+        buffer = DeviceBuffer(initial_capacity=1024)
+        buffer.get_view((shape["num_tokens"], ), key="input_ids")
+        buffer.get_view((runner.attn_max_num_seqs + runner.dp_size, ), key="query_start_loc")
+        buffer.get_view((runner.attn_max_num_seqs, ), key="seq_lens")
+        buffer.get_view((shape["num_logits"], ), key="logits_indices")
+        for group, per_request in enumerate(blocks):
+            buffer.get_view((runner.attn_max_num_seqs, per_request), key=f"block_tables_gid_{group}")
+        blob, layout = buffer.build()
+        distribution = np.zeros(3 * runner.dp_size, dtype=np.int32)
+        _, packed = device_array(runner.mesh, (distribution, np.zeros_like(blob)), sharding=sharding)
+        manager._run_compilation(f"worker{runner.rank} {STEP_INPUTS}", DeviceBuffer.unpack_arrays, packed, layout,
+                                 **shape)
+
+
 def install(plan: Iterable[dict[str, Any]]) -> None:
-    """After the stack's own logprob warm-up, compile the plan's beyond-warm-up prompt-logprob graphs."""
+    """After the stack's own warm-ups, compile the plan's beyond-warm-up graphs: prompt logprobs after its
+    logprob warm-up, the speculative ones after its speculative-decoding warm-up, M-RoPE positions after the
+    backbone over input embeddings (capture_model flushes next)."""
     from tpu_inference.runner.compilation_manager import CompilationManager
 
-    sizes = [g["shape"]["num_tokens"] for g in plan if g.get("beyond_warmup") and g["family"] == PROMPT_LOGPROBS]
-    if not sizes:
-        return
-    original = CompilationManager._precompile_gather_logprobs
+    beyond = [g for g in plan if g.get("beyond_warmup")]
+    sizes = [g["shape"]["num_tokens"] for g in beyond if g["family"] == PROMPT_LOGPROBS]
+    if sizes:
+        _after(CompilationManager, "_precompile_gather_logprobs", lambda manager: prompt_logprobs(manager, sizes))
+    speculative = {family: [g["shape"] for g in beyond if g["family"] == family] for family in SPECULATIVE}
+    if any(speculative.values()):
+        def compile_speculative(manager) -> None:
+            bonus_sample(manager, speculative[BONUS_SAMPLE])
+            rejection_sampler_logprobs(manager, speculative[REJECTION_SAMPLER_LOGPROBS])
+            step_inputs(manager, speculative[STEP_INPUTS])
+
+        _after(CompilationManager, "_precompile_speculative_decoding", compile_speculative)
+    mrope = [g["shape"] for g in beyond if g["family"] == MROPE_POSITIONS]
+    if mrope:
+        _after(CompilationManager, "_precompile_backbone_with_inputs_embeds",
+               lambda manager: mrope_positions(manager, mrope))
+
+
+def _after(manager_class, method: str, extra) -> None:
+    original = getattr(manager_class, method)
 
     @functools.wraps(original)
-    def with_beyond_warmup(self) -> None:
+    def then_extra(self) -> None:
         original(self)
-        prompt_logprobs(self, sizes)
+        extra(self)
 
-    CompilationManager._precompile_gather_logprobs = with_beyond_warmup
+    setattr(manager_class, method, then_extra)

@@ -6,8 +6,9 @@ Families are `CompilationManager._precompile_*` steps, named after the jitted fu
 a shape is the scalar signature the manager logs for each `_run_compilation` ("Precompile X --> {...}").
 Covered: a text-only model; speculative decoding (ngram, eagle3: the spec-decode variants and
 `_precompile_speculative_decoding`); data parallelism as tpu-inference runs it in one SPMD process
-(`total_dp_size`: every request and token bucket scales with it); async scheduling on or off. Not
-covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
+(`total_dp_size`: every request and token bucket scales with it); async scheduling on or off; a vision-language model
+tpu-inference runs natively (Qwen2.5-VL: its vision encoder, the input-embeddings merger and the backbone over
+input embeddings). Not covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
-from aotc.runners.paddings import kv_blocks as paddings_kv_blocks
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -28,6 +28,8 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 # (TPUWorker.initialize_from_config), then capture_model.
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
+# Vision-language architectures whose JAX model (tpu_inference/models/jax) the plan follows.
+PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration"})
 # Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
 # async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
 # dspark, dflash). Any other method (ngram) turns it off. tests/tpu_inference pins this to vLLM's own types.
@@ -48,14 +50,6 @@ def build_token_paddings(min_token_size: int, max_token_size: int, padding_gap: 
 def attn_req_paddings(max_num_seqs: int) -> list[int]:
     """runner.utils.get_attn_req_paddings with ATTN_BUCKETIZED_NUM_REQS unset: max_num_seqs only."""
     return [max_num_seqs]
-
-
-def kv_blocks(entry: Entry | dict) -> int:
-    """The pinned KV page count (aotc/runners/paddings.py: kv_blocks) with this stack's page size."""
-    e = entry if isinstance(entry, dict) else entry.to_dict()
-    engine = e.get("engine") or {}
-    page = engine.get("block_size") or page_size(e["max_model_len"])
-    return paddings_kv_blocks(e["max_num_seqs"], e["max_model_len"], page, engine.get("num_gpu_blocks_override"))
 
 
 def kv_packing(entry: Entry) -> int:
@@ -118,8 +112,9 @@ def async_scheduling(entry: Entry) -> bool:
 
 def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]:
     """Every `_run_compilation` call tpu-inference makes for this entry, in its order, each shape once."""
-    if hf_config and any(k in hf_config for k in ("vision_config", "audio_config")):
-        raise ValueError(f"{entry.name}: the tpu-inference runner does not plan multimodal models yet")
+    multimodal = is_multimodal(hf_config)
+    if multimodal:
+        check_multimodal(entry, hf_config)
     if str(entry.env.get("TPU_MULTIPROCESS_DP", "0")).lower() in ("1", "true"):
         raise ValueError(f"{entry.name}: the tpu-inference plan covers single-process data parallelism "
                          "(TPU_MULTIPROCESS_DP=0, which serving sets), not TPU_MULTIPROCESS_DP=1")
@@ -136,10 +131,12 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     if spec:
         graphs += [GraphSpec.of("gather_logprobs_spec", num_logits=n, num_reqs=r) for n, r in _pairs(logits, reqs)]
     # above MAX_PRECOMPILE_PROMPT_TOKENS the stack's warm-up skips them; a server with prompt_logprobs reaches them,
-    # except with speculative decoding, where vLLM rejects prompt logprobs
+    # except with speculative decoding or a multimodal model, where vLLM rejects prompt logprobs
     graphs += [GraphSpec.of("gather_prompt_logprobs", num_tokens=t, beyond_warmup=t > MAX_PRECOMPILE_PROMPT_TOKENS)
-               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS or not spec]
+               for t in tokens if t <= MAX_PRECOMPILE_PROMPT_TOKENS or not (spec or multimodal)]
     graphs += [GraphSpec.of("backbone", num_tokens=t, num_reqs=r) for t in tokens for r in p["attn_reqs"]]
+    if multimodal:
+        graphs += multimodal_graphs(entry, hf_config, p)
     if async_scheduling(entry):  # compilation_manager.capture_model compiles these only then
         graphs += async_scheduling_graphs(entry, p, spec)
     graphs += [GraphSpec.of("select_from_array", array_size=t, index_size=r) for t, r in _pairs(tokens, logits)]
@@ -154,7 +151,104 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
         graphs += [GraphSpec.of("structured_decoding", num_reqs=r) for r in reqs]
     if spec:
         graphs += speculative_decoding_graphs(p, spec["method"])
+        graphs += speculative_serving_graphs(p, data_parallel_size(entry))
     return list(dict.fromkeys(graphs))  # a loop that repeats a shape (attention request buckets) compiles it once
+
+
+def is_multimodal(hf_config: dict | None) -> bool:
+    return bool(hf_config) and any(k in hf_config for k in ("vision_config", "audio_config"))
+
+
+def check_multimodal(entry: Entry, hf_config: dict) -> None:
+    architectures = set(hf_config.get("architectures") or [])
+    if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES or "audio_config" in hf_config:
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers the multimodal architectures "
+                         f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))}, not "
+                         f"{', '.join(sorted(architectures)) or 'this one'}")
+    if str(entry.env.get("MODEL_IMPL_TYPE", "auto")).lower() not in ("auto", "flax_nnx"):
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models on its JAX implementation "
+                         "(MODEL_IMPL_TYPE auto or flax_nnx)")
+    if entry.engine.get("enable_lora") or speculative_config(entry) or data_parallel_size(entry) > 1:
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models without LoRA, "
+                         "speculative decoding or data parallelism")
+
+
+def additional_config(entry: Entry) -> dict:
+    extra = entry.engine.get("additional_config") or {}
+    return json.loads(extra) if isinstance(extra, str) else extra
+
+
+def image_shape_label(shape: list[int] | tuple[int, ...]) -> str:
+    """A vision warm-up image shape [height, width] as the plan and the build's records name it."""
+    return "x".join(str(int(side)) for side in shape)
+
+
+def vision_encoder_graphs(entry: Entry, hf_config: dict) -> list[GraphSpec]:
+    """Qwen2_5_VLForConditionalGeneration.precompile_vision_encoder. With additional_config
+    enable_dynamic_image_sizes: the padded encoder at every power-of-two patch count from 16 up to the step's
+    patches (max_num_batched_tokens x spatial_merge_size**2, capped by mm_processor_kwargs size.longest_edge
+    over patch_size**2). Otherwise: the encoder at each vision_warmup_config.image_shapes entry, [height, width]
+    (nothing when none are given: the stack then compiles each image size on its first request)."""
+    extra, vision = additional_config(entry), hf_config["vision_config"]
+    if extra.get("enable_dynamic_image_sizes"):
+        limit = (((entry.engine.get("mm_processor_kwargs") or {}).get("size") or {}).get("longest_edge"))
+        max_patches = entry.max_num_batched_tokens * vision.get("spatial_merge_size", 2) ** 2
+        if limit is not None:
+            max_patches = int(min(max_patches, float(limit) / vision.get("patch_size", 14) ** 2))
+        return [GraphSpec.of("vision_encoder_padded", num_patches=1 << i)
+                for i in range(4, (max_patches - 1).bit_length() + 1)]
+    shapes = ((extra.get("vision_warmup_config") or {}).get("image_shapes")) or []
+    return [GraphSpec.of("vision_encoder", image_shape=image_shape_label(s))
+            for s in shapes if isinstance(s, list) and len(s) == 2]
+
+
+# Images a traffic sweep sends when the entry names no warm-up sizes, [height, width].
+DEFAULT_IMAGE_SHAPES = ([56, 56], [112, 84])
+
+
+def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
+    """(height, width, prompt tokens) of the images a sweep sends: the vision warm-up's shapes (the sizes the
+    stack compiled its encoder for), else DEFAULT_IMAGE_SHAPES. An image of a multiple of patch_size x
+    spatial_merge_size pixels a side keeps its size through the processor, one token per merged patch."""
+    if not is_multimodal(hf_config):
+        return ()
+    vision = hf_config["vision_config"]
+    factor = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
+    shapes = ((additional_config(entry).get("vision_warmup_config") or {}).get("image_shapes")
+              or DEFAULT_IMAGE_SHAPES)
+    sides = [(max(1, round(h / factor)), max(1, round(w / factor))) for h, w in shapes]
+    return tuple((h * factor, w * factor, h * w) for h, w in sides)
+
+
+def images_per_prompt(entry: Entry) -> int:
+    """At most two images a prompt, within the engine's limit_mm_per_prompt (vLLM's default: one)."""
+    limit = (entry.engine.get("limit_mm_per_prompt") or {}).get("image", 1)
+    return max(1, min(2, int(limit)))
+
+
+def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) -> list[GraphSpec]:
+    """capture_model's multimodal steps: the vision encoder; per token bucket the input-embeddings merger with
+    and without image embeddings; the backbone over input embeddings at every token bucket (its num_reqs is the
+    last attention request bucket: _precompile_backbone_with_inputs_embeds calls the helper after that loop)."""
+    graphs = vision_encoder_graphs(entry, hf_config)
+    for t in p["tokens"]:
+        graphs += [GraphSpec.of("input_embeddings_merger", num_tokens=t),
+                   GraphSpec.of("input_embeddings_merger_text_only", num_tokens=t)]
+    graphs += [GraphSpec.of("backbone_with_embeds", num_tokens=t, num_reqs=p["attn_reqs"][-1]) for t in p["tokens"]]
+    return graphs + mrope_graphs(entry, hf_config)
+
+
+def mrope_graphs(entry: Entry, hf_config: dict) -> list[GraphSpec]:
+    """Beyond the warm-up: the M-RoPE positions a request's arrival computes (Qwen2.5-VL's
+    get_mrope_input_positions runs small eager JAX ops, each compiled per shape): for a text prompt, ops
+    shaped by its length (every length up to max_model_len); for an image, ops shaped by its grid (the sizes
+    of traffic_images). Not covered, as the number of shapes is quadratic in max_model_len: the concatenation
+    of an image prompt's text and image pieces, shaped by where the image sits in the prompt."""
+    patch = hf_config["vision_config"].get("patch_size", 14)
+    grids = dict.fromkeys(f"1x{h // patch}x{w // patch}" for h, w, _ in traffic_images(entry, hf_config))
+    graphs = [GraphSpec.of("mrope_positions", beyond_warmup=True, prompt_len=n)
+              for n in range(1, entry.max_model_len + 1)]
+    return graphs + [GraphSpec.of("mrope_positions", beyond_warmup=True, image_grid=grid) for grid in grids]
 
 
 def _pairs(outer: list[int], inner: list[int]) -> list[tuple[int, int]]:
@@ -214,6 +308,22 @@ def speculative_decoding_graphs(p: dict[str, list[int]], method: str) -> list[Gr
     if method in DRAFTER_METHODS:  # _precompile_eagle3_helpers: one of each per token bucket
         for t in tokens:
             graphs += [GraphSpec.of("drafter_propose", num_tokens=t), GraphSpec.of("drafter_prepare_inputs", num_tokens=t)]
+    return graphs
+
+
+def speculative_serving_graphs(p: dict[str, list[int]], dp: int) -> list[GraphSpec]:
+    """What a server with speculative decoding runs and the warm-up skips (compiled by the runner,
+    aotc/runners/tpu_inference/beyond_warmup.py): the bonus token sampled from model-dtype logits (the warm-up
+    samples float32 ones), the rejection sampler with logprobs (warmed with them off), and, in one data-parallel
+    rank, the split of each step's packed inputs per token bucket x logits bucket (the logits bucket follows the
+    step's draft counts, which no traffic sweep controls)."""
+    tokens, reqs, logits = p["tokens"], p["reqs"], p["logits"]
+    graphs = [GraphSpec.of("bonus_sample", True, num_reqs=r, do_sampling=s, logprobs=lp, allow_distributed_sampling=True)
+              for r in reqs for s in (True, False) for lp in (True, False)]
+    graphs += [GraphSpec.of("rejection_sampler_logprobs", True, num_logits=n, num_reqs=r, do_sampling=s)
+               for n in logits for r in reqs for s in (False, True)]
+    if dp == 1:
+        graphs += [GraphSpec.of("unpack_step_inputs", True, num_tokens=t, num_logits=n) for t, n in _pairs(tokens, logits)]
     return graphs
 
 

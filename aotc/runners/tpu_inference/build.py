@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from aotc.fingerprint import xla_flags
+from aotc.runners.flags import xla_flags
 from aotc.matrix import Entry
 from aotc.runners.protocol import BuildResult, Graph, Request
 
@@ -24,9 +24,9 @@ def precompile_calls(recs: list[Record]) -> list[Graph]:
 
 
 def flag_error(launch_env: dict[str, str], entry: dict) -> str | None:
-    """The fingerprint predicts the flags a stock server's engine core hashes (implied_flags once per
-    import, the twin's device count once; aotc.fingerprint.xla_flags); this process started as that engine
-    core does: check it did."""
+    """The fingerprint predicts the flags every process layout hashes (implied_flags once, collapsed by the
+    twin plugin after tpu-inference's import; the twin's device count once; aotc.runners.flags.xla_flags):
+    check this process hashes them."""
     expected = xla_flags(launch_env, RUNNER, entry_flags=implied_flags(Entry.from_dict(entry)))
     actual = effective_flags()
     if expected != actual:

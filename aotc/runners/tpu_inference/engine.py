@@ -82,13 +82,9 @@ def data_parallel_env(entry: dict[str, Any]) -> dict[str, str]:
 
 
 def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
-    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify.
-
-    The pod's settings plus what makes one process compute the keys a stock server's engine core does:
-    tpu_inference/env_override.py prepends its flags to XLA_FLAGS / LIBTPU_INIT_ARGS at import, once in
-    the API server and again in the engine core, which inherits that environment. JAX hashes every copy,
-    so this process starts with the API server's copy and adds the engine core's when it imports.
-    """
+    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify:
+    the pod's settings. The flags tpu-inference prepends at import need nothing here: the twin plugin
+    collapses them to one copy in this process as in each of a server's (twin_plugin.py)."""
     environ = os.environ if environ is None else environ
     env = serving_env(entry, cache_dir, environ)
     env.update({
@@ -98,16 +94,7 @@ def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
         # compile stays tied to the call that submitted it (instrument._pin_pool).
         "NUM_PRECOMPILE_WORKERS": environ.get("NUM_PRECOMPILE_WORKERS") or "1",
     })
-    # after the twin's device count, which serving_env put into XLA_FLAGS
-    env.update(api_server_flags({**environ, **{k: v for k, v in env.items() if v is not None}}))
     return env
-
-
-def api_server_flags(environ) -> dict[str, str]:
-    """XLA_FLAGS / LIBTPU_INIT_ARGS as the API server leaves them for its engine core (env_override.py)."""
-    from . import SPEC
-
-    return {var: " ".join(flags) + " " + environ.get(var, "") for var, flags in SPEC.implied_flags.items()}
 
 
 def twin_device_flags(entry: dict[str, Any], environ=None) -> dict[str, str]:
@@ -130,15 +117,9 @@ ENGINE_SEED = 0
 def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
     # A local model as the matrix resolved it (relative paths are relative to the config, not our cwd).
     local = entry.get("model_path")
-    # The KV cache's page count is a shape in every backbone graph: pinned for build, verify and pods.
-    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED,
-                              num_gpu_blocks_override=kv_blocks(entry))
-
-
-def kv_blocks(entry: dict[str, Any]) -> int:
-    from .buckets import kv_blocks as entry_kv_blocks
-
-    return entry_kv_blocks(entry)
+    # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
+    # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree; kv_size.py alone starts without it.
+    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED)
 
 
 def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
@@ -162,10 +143,37 @@ def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
     started = time.perf_counter()
     from vllm import LLM
 
-    # Prompts are token ids here; the tokenizer changes no graph.
-    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=True, disable_log_stats=True)
+    # Prompts are token ids here; the tokenizer changes no graph. A multimodal model's input processor needs it
+    # (it expands each image placeholder to the image's tokens): vLLM refuses skip_tokenizer_init there.
+    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=not is_multimodal(entry), disable_log_stats=True)
     return llm, time.perf_counter() - started
 
 
+def is_multimodal(entry: dict[str, Any]) -> bool:
+    from aotc.matrix import Entry
+    from aotc.matrix import hf_config
+
+    from . import buckets
+
+    return buckets.is_multimodal(hf_config(Entry.from_dict(entry)))
+
+
 def vocab_size(llm) -> int:
-    return llm.llm_engine.model_config.get_vocab_size()
+    """Ids random prompts may use: the model's vocabulary up to its first image special token (an image
+    placeholder without its image would fail the request)."""
+    hf_config = llm.llm_engine.model_config.hf_config
+    specials = [getattr(hf_config, name, None) for name in IMAGE_TOKEN_FIELDS]
+    return min([llm.llm_engine.model_config.get_vocab_size(), *(i for i in specials if isinstance(i, int))])
+
+
+# hf_config fields naming a vision-language model's special tokens (Qwen2.5-VL's)
+IMAGE_TOKEN_FIELDS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
+
+
+def image_placeholder(llm) -> tuple[int, ...]:
+    """The token ids that stand for one image in a prompt (vLLM expands the pad token to the image's tokens);
+    () for a model without images."""
+    hf_config = llm.llm_engine.model_config.hf_config
+    ids = tuple(getattr(hf_config, name, None) for name in ("vision_start_token_id", "image_token_id",
+                                                             "vision_end_token_id"))
+    return ids if all(isinstance(i, int) for i in ids) else ()

@@ -51,9 +51,18 @@ def family_of(name: str) -> str:
 
 
 def shape_of(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The scalars tpu-inference logs for the call (compilation_manager._describe_signature)."""
-    return {k: v for k, v in kwargs.items()
-            if k not in _RUN_COMPILATION_OPTIONS and (v is None or isinstance(v, (int, float, bool, str)))}
+    """The scalars tpu-inference logs for the call (compilation_manager._describe_signature), and an image
+    shape, [height, width], as "HxW" (the vision encoder's warm-up sizes are lists it leaves out)."""
+    return {k: _scalar(v) for k, v in kwargs.items()
+            if k not in _RUN_COMPILATION_OPTIONS and (_scalar(v) is not None or v is None)}
+
+
+def _scalar(value: Any) -> Any:
+    if value is None or isinstance(value, (int, float, bool, str)):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(side, int) for side in value):
+        return "x".join(str(side) for side in value)
+    return None
 
 
 # tpu-inference compiles family by family through one _run_compilation: a family is done when the next starts

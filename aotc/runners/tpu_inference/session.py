@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.fingerprint import xla_flags
+from aotc.runners.flags import xla_flags
 from aotc.matrix import Entry
+from aotc.matrix import hf_config
 from aotc.runners import traffic
 
 from . import beyond_warmup, buckets, engine, instrument, twin_plugin
@@ -43,17 +45,27 @@ class Session:
         return cls(llm, probe, seconds, entry)
 
     def drive_traffic(self, seed: int, requests: int) -> int:
-        p = buckets.paddings_for(self.entry)
-        limits = traffic.Limits.of(self.entry, p["reqs"], prompt_logprob_buckets=p["tokens"],
-                                   token_buckets=p["tokens"])
-        batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(self.llm))
-        entry = Entry.from_dict(self.entry)
-        if buckets.speculative_config(entry):
-            batches = without_params(batches, SPECULATIVE_REJECTS)
-        return traffic.run_traffic(self.llm, batches)
+        return drive_traffic(self.llm, self.entry, seed, requests)
 
     def records(self) -> list[dict[str, Any]]:
         return self.probe.snapshot()
+
+
+def drive_traffic(llm: Any, entry: dict[str, Any], seed: int, requests: int) -> int:
+    """The seeded sweep (aotc/runners/traffic.py) through ``llm``, an engine started for ``entry``."""
+    p = buckets.paddings_for(entry)
+    matrix_entry = Entry.from_dict(entry)
+    images = buckets.traffic_images(matrix_entry, hf_config(matrix_entry))
+    # vLLM rejects prompt logprobs for a multimodal model
+    limits = traffic.Limits.of(entry, p["reqs"], prompt_logprob_buckets=() if images else p["tokens"],
+                               token_buckets=p["tokens"])
+    if images:
+        limits = dataclasses.replace(limits, image_sizes=images, images_per_prompt=buckets.images_per_prompt(matrix_entry),
+                                     image_placeholder=engine.image_placeholder(llm))
+    batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(llm))
+    if buckets.speculative_config(matrix_entry):
+        batches = without_params(batches, SPECULATIVE_REJECTS)
+    return traffic.run_traffic(llm, batches)
 
 
 def without_params(batches: list[list[traffic.Request]], names: tuple[str, ...]) -> list[list[traffic.Request]]:
@@ -64,4 +76,4 @@ def without_params(batches: list[list[traffic.Request]], names: tuple[str, ...])
 
 def effective_flags() -> list[str]:
     """The flags this process compiles with, as JAX hashes them (tpu-inference's additions included)."""
-    return xla_flags(dict(os.environ), imports=0)
+    return xla_flags(dict(os.environ))

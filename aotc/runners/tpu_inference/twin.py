@@ -6,13 +6,24 @@ the twin compiles the same families at the same paddings as a TPU host (as CPU e
 
 from __future__ import annotations
 
+import functools
+import importlib.abc
+import importlib.machinery
 import os
+import sys
 from collections.abc import Sequence
 
-# Per-device "HBM": only bounds vLLM's KV budget. Build and verify must agree on it, because the KV
-# cache's page count is a shape in every backbone graph.
+# Per-device "HBM", all of it free: what the stack's KV sizing fills on the twin (kv_size.py), so the page
+# count it gives an entry is deterministic. Small, as the twin's cache lives in host memory; build, verify
+# and the stock server then pin that count, whatever this says in their process.
 HBM_BYTES_ENV = "AOTC_JAX_CPU_HBM_BYTES"
-DEFAULT_HBM_BYTES = 1 << 30
+DEFAULT_HBM_BYTES = 64 << 20
+
+# Modules whose jits name TPU compiler options literally, at class definition, rather than through
+# compiler_options.get_* (patched below): the speculative drafters' propose steps.
+LITERAL_TPU_OPTIONS_MODULES = ("tpu_inference.spec_decode.jax.eagle3", "tpu_inference.spec_decode.jax.dflash")
+# The TPU backend's own options; XLA:CPU refuses them ("No such compile option").
+TPU_OPTION_PREFIX = "xla_tpu_"
 
 _installed = False
 
@@ -43,6 +54,53 @@ def no_compiler_options() -> dict[str, str]:
     return {}
 
 
+def jit_without_tpu_options(jit):
+    """``jax.jit`` (called with a function or as a decorator factory) minus the TPU-only compiler options;
+    every other argument, and so the graph, is the stack's."""
+
+    @functools.wraps(jit)
+    def wrapped(*args, **kwargs):
+        options = kwargs.get("compiler_options")
+        if options:
+            kwargs["compiler_options"] = {k: v for k, v in options.items()
+                                          if not k.startswith(TPU_OPTION_PREFIX)} or None
+        return jit(*args, **kwargs)
+
+    return wrapped
+
+
+class _LoadWithoutTpuOptions(importlib.abc.Loader):
+    """Runs a module's body with ``jax.jit`` as jit_without_tpu_options, then puts jax.jit back."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        import jax
+
+        jit = jax.jit
+        jax.jit = jit_without_tpu_options(jit)
+        try:
+            self.loader.exec_module(module)
+        finally:
+            jax.jit = jit
+
+
+class _WithoutTpuOptionsFinder(importlib.abc.MetaPathFinder):
+    """Loads LITERAL_TPU_OPTIONS_MODULES through _LoadWithoutTpuOptions when the runner first imports them."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in LITERAL_TPU_OPTIONS_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _LoadWithoutTpuOptions(spec.loader)
+        return spec
+
+
 def install() -> None:
     """Patch tpu-inference before its model runner and sampler are imported (they bind at import)."""
     global _installed
@@ -54,6 +112,7 @@ def install() -> None:
     from tpu_inference import utils
     from tpu_inference.models.common import compiler_options
 
+    sys.meta_path.insert(0, _WithoutTpuOptionsFinder())
     utils.make_optimized_mesh = cpu_mesh
     utils.hbm_usage_bytes = hbm_usage_bytes
     utils.get_device_hbm_limit = hbm_limit
@@ -69,12 +128,14 @@ def install() -> None:
 
 def _patch_attention() -> None:
     """The RPA kernels, in the shared attention interface and in the JAX models' own attention layers
-    (Llama 4's, GPT-OSS's), which import them by name."""
+    (Llama 4's, GPT-OSS's), which import them by name; the flash attention of vision encoders."""
     from tpu_inference.layers.common import attention_interface
     from tpu_inference.layers.jax.attention import attention as jax_attention
     from tpu_inference.layers.jax.attention import gpt_oss_attention
 
-    from .twin_attention import ragged_paged_attention, ragged_paged_attention_hd64
+    from .twin_attention import flash_attention, ragged_paged_attention, ragged_paged_attention_hd64
+
+    attention_interface.flash_attention = flash_attention
 
     for module in (attention_interface, jax_attention):
         module.ragged_paged_attention = ragged_paged_attention
@@ -84,8 +145,6 @@ def _patch_attention() -> None:
 
 def _patch_imported_names() -> None:
     """Modules that did `from ... import name` before install() keep the TPU function: rebind them."""
-    import sys
-
     replacements = {"make_optimized_mesh": cpu_mesh, "hbm_usage_bytes": hbm_usage_bytes,
                     "get_device_hbm_limit": hbm_limit,
                     "get_step_fn_compiler_options": no_compiler_options,
@@ -97,7 +156,8 @@ def _patch_imported_names() -> None:
             if attr in vars(module) and getattr(module, attr) is not fn:
                 setattr(module, attr, fn)
     bound = [n for n in ("tpu_inference.layers.jax.sample.sampling", "tpu_inference.runner.decode_loop",
-                         "tpu_inference.models.vllm.vllm_model_wrapper") if n in sys.modules]
+                         "tpu_inference.models.vllm.vllm_model_wrapper", *LITERAL_TPU_OPTIONS_MODULES)
+             if n in sys.modules]
     if bound:
         # These pass compiler_options to jax.jit at import time; too late to patch.
         raise RuntimeError(f"aotc CPU twin installed after {bound} were imported")

@@ -134,3 +134,13 @@ def _paged_attention(
         out = out * v_scale
     out = jnp.where(real[:, None, None], out, 0).astype(out_dtype)
     return out, kv_cache
+
+
+def flash_attention(q, k, v, ab=None, segment_ids=None, *, causal: bool = False, sm_scale: float = 1.0,
+                    block_sizes: Any = None, vmem_limit_bytes: int | None = None, debug: bool = False):
+    """tpu-inference's flash attention (vision encoders: Qwen2.5-VL's windowed and full attention), as its own
+    dense reference: the same segment mask, causal mask and scale; tiling and VMEM sizing, which need a TPU,
+    dropped."""
+    from tpu_inference.kernels.flash_attention.kernel import mha_reference_no_custom_vjp
+
+    return mha_reference_no_custom_vjp(q, k, v, ab, segment_ids, causal=causal, sm_scale=sm_scale)

@@ -1,20 +1,48 @@
-"""vLLM general-plugin entry point (group `vllm.general_plugins`) for the tpu-inference CPU twin.
+"""vLLM general-plugin entry point (group `vllm.general_plugins`) of the tpu-inference runner.
 
-vLLM calls `register()` in every process it starts (engine core, workers), before the model runner is
-imported, so the twin's patches reach all of them. It stays inert — standard library only — unless aotc
-asked for the twin: a real `vllm serve` on a TPU host must never see it.
+vLLM calls `register()` in every process it starts (API server, engine core, workers), before the model
+runner is imported. Standard library only until it acts. It does two things:
+
+* always, wherever tpu-inference is installed (a TPU pod too): collapse the flags tpu-inference prepends at
+  import to one copy each (aotc/runners/flags.py), right after its `env_override` runs in this process, so
+  `vllm serve` (API server + engine core) and an in-process `LLM(...)` hash the same XLA flags into JAX's
+  cache keys. Nothing compiles before it: the engine core loads plugins before its executor starts.
+* the CPU twin's patches, only when aotc asked for the twin (AOTC_JAX_CPU_TWIN=1): a real `vllm serve` on a
+  TPU host must never see them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 ENV_FLAG = "AOTC_JAX_CPU_TWIN"
+# Prepends RunnerSpec.implied_flags to XLA_FLAGS / LIBTPU_INIT_ARGS when it runs, once per process.
+FLAG_PREPENDER = "tpu_inference.env_override"
 
 
 def register() -> None:
+    collapse_stack_flags()
     if os.environ.get(ENV_FLAG) != "1":
         return
     from .twin import install
 
     install()
+
+
+def collapse_stack_flags() -> None:
+    """Collapse tpu-inference's own flags in this process's environment (inherited by the processes it
+    starts) once its env_override has run: now if it has, else right after it does."""
+    if importlib.util.find_spec("tpu_inference") is None:
+        return  # another stack's venv: nothing prepends
+    from aotc.runners.watching import when_imported
+
+    when_imported(FLAG_PREPENDER, _collapse)
+
+
+def _collapse(_module=None) -> None:
+    from aotc.runners.flags import collapse_flag_env
+
+    from . import SPEC
+
+    os.environ.update(collapse_flag_env(os.environ, SPEC.implied_flags))

@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from aotc.guard import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
+from aotc.runners.watching import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
                         when_imported)
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
@@ -134,7 +134,7 @@ class Watcher(StepWatcher):
     """Built by the guard with the process's session; hooks JAX and tpu-inference's worker on its import."""
 
     # JAX's cache key hashes the engine core's XLA_FLAGS / LIBTPU_INIT_ARGS as they are when it compiles:
-    # tpu-inference's env_override.py prepended its flags in the API server and again here.
+    # tpu-inference's own flags as the twin plugin left them after its env_override ran here.
     live_flags = True
 
     def __init__(self, session: Any):

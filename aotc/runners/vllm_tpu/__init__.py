@@ -20,18 +20,42 @@ Importing this package must not import torch: vLLM loads `cpu_platform` in
 every process that resolves its platform.
 """
 
+from dataclasses import dataclass
+from typing import Any
+
 from aotc.runners.spec import RunnerSpec
 
-SPEC = RunnerSpec(
+
+@dataclass(frozen=True)
+class VllmTpuRunner(RunnerSpec):
+    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+        from aotc.runners.vllm_tpu.rules import validate
+
+        return validate(entry, hf_config)
+
+    def serve(self, entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+        from aotc.runners.vllm_tpu.engine import serve_settings
+
+        return serve_settings(entry, cache_dir)
+
+    def probe(self) -> dict[str, Any]:
+        from aotc.runners.vllm_tpu.doctor import loadability_probe
+
+        return loadability_probe()
+
+    def watcher(self, guard: Any) -> Any:
+        from aotc.runners.vllm_tpu.watcher import Watcher
+
+        return Watcher(guard)
+
+
+SPEC = VllmTpuRunner(
     name="vllm-tpu",
     module="aotc.runners.vllm_tpu",
     buckets="aotc.runners.vllm_tpu.buckets",
     # jax/jaxlib: torch_xla's `pallas` extra, the version its Pallas kernels are lowered with on a TPU
     packages=("torch", "torch_xla", "vllm", "libtpu", "jax", "jaxlib"),
     env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
-    validate="aotc.runners.vllm_tpu.rules:validate",
-    probe="aotc.runners.vllm_tpu.doctor:loadability_probe",
-    serve="aotc.runners.vllm_tpu.engine:serve_settings",
     # Not the twin: vLLM 0.13's own TPUModelRunner (sample_tokens' concat_lists) extends Python lists with the
     # numpy rows LogprobsLists holds since vllm-project/vllm#28245; on a TPU too.
     unserved={"logprobs": "vLLM 0.13 TPUModelRunner: the engine core's output thread dies on 'numpy.int64 is not "
@@ -39,7 +63,6 @@ SPEC = RunnerSpec(
                           "same failure: tenstorrent/tt-xla#3310)"},
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21", "jax": "0.7.1",
           "jaxlib": "0.7.1"},  # requirements/full.lock
-    watcher="aotc.runners.vllm_tpu.watcher:Watcher",
     twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention",
                   "aotc.runners.vllm_tpu.twin_moe"),
 )

@@ -12,7 +12,8 @@ import tempfile
 import threading
 from contextlib import contextmanager
 
-from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, exit_now, serve
+from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, serve
+from aotc.processes import exit_now
 
 from .probe import STDERR_LOG_ENV
 

@@ -12,16 +12,14 @@ from aotc.graphs import GraphSpec
 # MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
 from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
                                    page_size, req_paddings, token_paddings)
-from aotc.runners.paddings import kv_blocks as paddings_kv_blocks
 
 MIN_TOKEN_PADDING = 16  # TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 
 
-def kv_blocks(entry: Entry | dict) -> int:
-    """The pinned KV page count (aotc/runners/paddings.py: kv_blocks); TpuPlatform's page size always."""
-    e = entry if isinstance(entry, dict) else entry.to_dict()
-    return paddings_kv_blocks(e["max_num_seqs"], e["max_model_len"], page_size(e["max_model_len"]),
-                              (e.get("engine") or {}).get("num_gpu_blocks_override"))
+def kv_page_size(entry: Entry) -> int:
+    """The page size the KV cache's full-length rule counts in (aotc/fingerprint.py: entry_kv_blocks): TpuPlatform's, whatever the
+    matrix's block_size says."""
+    return page_size(entry.max_model_len)
 
 
 def max_num_seqs_for_len(model_len: int, block_size: int) -> int:

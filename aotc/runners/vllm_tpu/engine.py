@@ -83,16 +83,10 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
 
 def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
     local = local_model(entry)
-    # The KV cache's page count is a shape in every backbone graph: pinned for build, verify and pods.
+    # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
+    # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree.
     return common_engine_args(entry, local or entry["model"], bool(local), seed,
-                              worker_cls=CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER,
-                              num_gpu_blocks_override=kv_blocks(entry))
-
-
-def kv_blocks(entry: dict[str, Any]) -> int:
-    from .buckets import kv_blocks as entry_kv_blocks
-
-    return entry_kv_blocks(entry)
+                              worker_cls=CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER)
 
 
 def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:

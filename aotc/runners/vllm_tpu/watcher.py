@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from aotc.guard import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
+from aotc.runners.watching import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
                         when_imported)
 
 from .cpu_platform import ENV_FLAG as TWIN_FLAG

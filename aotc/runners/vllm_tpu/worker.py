@@ -18,7 +18,6 @@ from typing import Any
 from unittest import mock
 
 import vllm.envs as envs
-from vllm.utils.math_utils import cdiv
 from vllm.v1.worker import tpu_model_runner as tmr
 from vllm.v1.worker.tpu_worker import TPUWorker
 
@@ -220,9 +219,10 @@ class CpuTwin:
     def kv_budget_blocks(self) -> int:
         if os.environ.get(self.KV_BLOCKS_ENV):
             return int(os.environ[self.KV_BLOCKS_ENV])
-        blocks_per_req = cdiv(self.model_config.max_model_len, self.cache_config.block_size)
-        # +1: vLLM reserves block 0 as the null block.
-        return self.scheduler_config.max_num_seqs * blocks_per_req + 1
+        from aotc.runners.paddings import full_length_blocks
+
+        return full_length_blocks(self.scheduler_config.max_num_seqs, self.model_config.max_model_len,
+                                  self.cache_config.block_size)
 
     def _bytes_per_block(self) -> int:
         return sum(spec.page_size_bytes for spec in self.model_runner.get_kv_cache_spec().values())

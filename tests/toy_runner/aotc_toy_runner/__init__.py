@@ -5,14 +5,25 @@ It "compiles" a graph by writing one file named after the graph's digest; verify
 No vLLM, no XLA: it exercises the runner interface and the protocol, not a compiler.
 """
 
+from dataclasses import dataclass
+from typing import Any
+
 from aotc.runners.spec import RunnerSpec
 
-SPEC = RunnerSpec(
+
+@dataclass(frozen=True)
+class ToyRunner(RunnerSpec):
+    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+        from aotc_toy_runner.buckets import validate
+
+        return validate(entry, hf_config)
+
+
+SPEC = ToyRunner(
     name="toy",
     module="aotc_toy_runner",
     buckets="aotc_toy_runner.buckets",
     packages=("pyyaml",),
     env_vars=("AOTC_TOY_SALT",),
     devices=("cpu",),
-    validate="aotc_toy_runner.buckets:validate",
 )

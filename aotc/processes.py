@@ -1,0 +1,33 @@
+"""Small process helpers every layer shares: a free loopback port, an environment change where None unsets,
+and leaving without interpreter teardown."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping, MutableMapping
+
+
+def free_port() -> int:
+    """A loopback port the kernel picks at random (tests, the canary, the loopback GCS; pods use their own)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def update_env(target: MutableMapping[str, str], changes: Mapping[str, str | None]) -> None:
+    """Apply ``changes`` to an environment (``os.environ`` or a copy): a value sets, None unsets."""
+    for key, value in changes.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+
+
+def exit_now(code: int) -> None:
+    """Leave without interpreter teardown, output flushed: an in-process vLLM engine or a stalled transfer
+    thread can hang there, and the result is already written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,59 @@
+"""Under the JAX venv: the KV page count tpu-inference's own functions give an entry at other twin HBM figures.
+
+stdin: {"entry": Entry.to_dict(), "hbm_bytes": [int, ...]}. Starts the engine as aotc's sizing does, keeps the
+executor and the KV cache specs the engine core sized with, then for each HBM figure asks the workers' own
+``determine_available_memory`` and vLLM's own ``get_kv_cache_configs`` / ``generate_scheduler_kv_cache_config``.
+stdout (last line): {"sized": N, "by_hbm": {"<bytes>": N, ...}}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    from aotc.runners.tpu_inference import kv_size, twin
+    from aotc.runners.tpu_inference.engine import start_engine
+
+    seen = {}
+
+    def capture() -> None:  # nothing of tpu_inference imported here: the twin installs before it
+        from vllm.v1.engine import core
+
+        kv_size.stop_when_sized()
+        initialize, configs = core.EngineCore._initialize_kv_caches, core.get_kv_cache_configs
+
+        def initialize_and_keep(engine_core, vllm_config):
+            seen["executor"] = engine_core.model_executor
+            return initialize(engine_core, vllm_config)
+
+        def configs_and_keep(vllm_config, specs, available):
+            seen.update(vllm_config=vllm_config, specs=specs)
+            return configs(vllm_config, specs, available)
+
+        core.EngineCore._initialize_kv_caches = initialize_and_keep
+        core.get_kv_cache_configs = configs_and_keep
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        try:
+            start_engine(request["entry"], cache_dir, before_start=capture)
+        except kv_size.Sized as done:
+            sized = done.num_blocks
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
+    by_hbm = {}
+    for hbm in request["hbm_bytes"]:
+        os.environ[twin.HBM_BYTES_ENV] = str(hbm)
+        available = seen["executor"].determine_available_memory()  # the workers', as the engine core asks
+        configs = get_kv_cache_configs(seen["vllm_config"], seen["specs"], available)
+        by_hbm[str(hbm)] = generate_scheduler_kv_cache_config(configs).num_blocks
+    print(json.dumps({"sized": sized, "by_hbm": by_hbm}))
+
+
+if __name__ == "__main__":
+    main()

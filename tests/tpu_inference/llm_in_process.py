@@ -1,0 +1,49 @@
+"""Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): a user's ``LLM(...)`` on a fetched cache
+with the stock server's engine arguments and environment (the runner's serve settings) and ``environ`` on top
+(the process layout, e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one process), then the seeded traffic sweep.
+No aotc instrumentation: only vLLM and the general plugins it loads itself.
+
+stdin: {"config", "entry", "cache_dir", "seed", "requests", "environ"}
+stdout (last line): {"startup_new": [...], "traffic_new": [...], "requests": N, "xla_flags": [...]}
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from aotc.runners.flags import xla_flags
+from aotc.matrix import load_matrix
+from aotc.runners.engine_common import apply_env, llm_args
+from aotc.runners.tpu_inference.engine import serve_settings
+from aotc.runners.tpu_inference.session import drive_traffic
+
+
+def cache_files(cache_dir: Path) -> set[str]:
+    return {p.name for p in cache_dir.iterdir() if p.is_file() and p.name != "manifest.json"}
+
+
+def main() -> None:
+    payload = json.load(sys.stdin)
+    entry = load_matrix(payload["config"]).entry(payload["entry"]).to_dict()
+    cache_dir = Path(payload["cache_dir"])
+    args, env = serve_settings(entry, str(cache_dir))
+    apply_env({**env, **payload["environ"]})
+    fetched = cache_files(cache_dir)
+
+    from vllm import LLM
+
+    # Prompts are token ids; the tokenizer changes no graph.
+    llm = LLM(**llm_args(args), skip_tokenizer_init=True, disable_log_stats=True)
+    started = cache_files(cache_dir)
+    sent = drive_traffic(llm, entry, payload["seed"], payload["requests"])
+    served = cache_files(cache_dir)
+    print(json.dumps({"startup_new": sorted(started - fetched), "traffic_new": sorted(served - started),
+                      "requests": sent, "xla_flags": xla_flags(dict(os.environ))}), flush=True)
+    # The engine's exit-time cleanup would log to stdout after the answer (and vLLM's finalizer that walks
+    # model.modules() fails on a JAX model); the answer is out, nothing is left to write.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
