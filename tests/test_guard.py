@@ -13,8 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from aotc import guard, guard_metrics
-from aotc.fingerprint import fingerprint_entry
-from aotc.fingerprint import entry_kv_blocks
+from aotc.fingerprint import entry_kv_blocks, fingerprint_entry, pin_kv
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
@@ -310,7 +309,8 @@ def start_twin(tmp_path, name, manifest_entry, mode):
     write_manifest(cache, manifest_entry, env, graphs=[GraphRecord(g.family, g.shape_dict)
                                                      for g in plan_entry(manifest_entry).graphs])
     entry_json = tmp_path / f"{name}.json"
-    entry_json.write_text(json.dumps({**entry.to_dict(), "model": entry.model_path}))
+    # the engine pinned as a build and a pod pin it (the page count is a shape in its graphs)
+    entry_json.write_text(json.dumps({**pin_kv(entry).to_dict(), "model": entry.model_path}))
     with open(tmp_path / f"{name}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.guard_engine", str(entry_json), str(cache)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
