@@ -107,7 +107,7 @@ def test_canary_names_a_deleted_graph_and_counts_recompiles_under_loadability(bu
     assert [lim for lim in doc["limitations"] if lim.startswith("logprobs")]
     # under every request kind, nothing compiled after ready that the artifact lacks
     assert doc["serving"]["new_files"] == [] and doc["serving"]["misses"] == []
-    assert_kinds_served(doc, lacking={"lora", "speculative"})
+    assert_kinds_served(doc, lacking={"lora", "speculative", "images"})
 
 def test_report_of_the_demo_build_shows_every_planned_family_compiled(built, chromium, announce, tmp_path):
     page = tmp_path / "report.html"

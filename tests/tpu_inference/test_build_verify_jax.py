@@ -111,7 +111,7 @@ def test_canary_stock_server_loads_every_graph_and_compiles_nothing(jax_env, art
     assert doc["startup"]["lookups"] == doc["startup"]["hits"] > 0 and doc["startup"]["new_files"] == []
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
     assert doc["requests"] >= 16 and doc["failed_requests"] == 0 and doc["ready_seconds"] > 0
-    assert_kinds_served(doc, lacking={"lora", "speculative"})
+    assert_kinds_served(doc, lacking={"lora", "speculative", "images"})
 
 
 @pytest.mark.slow

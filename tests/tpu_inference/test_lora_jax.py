@@ -65,5 +65,5 @@ def test_lora_canary_serves_adapters_and_base_mixed_with_no_compile_after_ready(
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
     assert doc["requests"] >= 16 and doc["failed_requests"] == 0
     assert doc["adapters"] == ["aotc-lora", "aotc-lora-runtime"]  # served from start, and loaded at run time
-    assert_kinds_served(doc, lacking={"speculative"})
+    assert_kinds_served(doc, lacking={"speculative", "images"})
     assert doc["kinds"]["lora"]["ok"] > 0
