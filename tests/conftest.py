@@ -7,6 +7,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
+# `import torch_xla` in any test of this process appends its own XLA flags to os.environ; a JAX process, as a pod
+# launches it, starts with the flags the suite was launched with.
+LAUNCH_FLAGS = {var: os.environ.get(var, "") for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+
+
+def launch_environ() -> dict[str, str]:
+    """os.environ with the XLA flag variables as the suite was launched, whatever torch_xla added since."""
+    return {**os.environ, **LAUNCH_FLAGS}
 
 
 def run_aotc(*args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 600):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launch_environ
+
 REPO = Path(__file__).resolve().parents[2]
 JAX_LOCK = REPO / "requirements" / "jax.lock"
 PYTHON_ENV = "AOTC_PYTHON_TPU_INFERENCE"
@@ -41,7 +43,7 @@ def jax_env() -> dict[str, str]:
     if probe.returncode:
         pytest.fail(f"the JAX venv at {python} cannot import aotc and tpu_inference (run `make env-jax`): "
                     f"{probe.stderr.strip().splitlines()[-1:]}", pytrace=False)
-    return {**os.environ, PYTHON_ENV: str(python)}
+    return {**launch_environ(), PYTHON_ENV: str(python)}
 
 
 def run_jax(jax_env: dict[str, str], script: Path, payload: dict, timeout: float = 900) -> dict:

@@ -12,8 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from aotc.runners.flags import xla_flags
+from aotc.fingerprint import pin_kv
 from aotc.matrix import load_matrix
+from aotc.runners.flags import xla_flags
 from aotc.runners.engine_common import apply_env, llm_args
 from aotc.runners.tpu_inference.engine import serve_settings
 from aotc.runners.tpu_inference.session import drive_traffic
@@ -25,8 +26,10 @@ def cache_files(cache_dir: Path) -> set[str]:
 
 def main() -> None:
     payload = json.load(sys.stdin)
-    entry = load_matrix(payload["config"]).entry(payload["entry"]).to_dict()
     cache_dir = Path(payload["cache_dir"])
+    # the KV page count the artifact was built for, from its fetched manifest, as a pod's flags pin it
+    published = json.loads((cache_dir / "manifest.json").read_text())["inputs"]["kv_blocks"]
+    entry = pin_kv(load_matrix(payload["config"]).entry(payload["entry"]), kv_blocks=published).to_dict()
     args, env = serve_settings(entry, str(cache_dir))
     apply_env({**env, **payload["environ"]})
     fetched = cache_files(cache_dir)
