@@ -365,11 +365,19 @@ def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, s
 
 # With speculative decoding: what vLLM's front end refuses (HTTP 400: "The min_p and logit_bias sampling
 # parameters are not yet supported with speculative decoding"), and sampled-token logprobs, which at times carry a
-# negative token id that kills the API server's output handler (every request in flight fails with HTTP 500).
+# negative token id that kills the API server's output handler (every request in flight fails with HTTP 500),
+# and what tpu-inference's runner cannot do with draft tokens and raises on inside the engine core (the server
+# dies): prompt logprobs, and a structured-output bitmask (one row per request) against the logits (one row per
+# draft token too).
 SPECULATIVE_UNSERVED = {
     "min_p": "vLLM refuses min_p with speculative decoding",
     "logprobs": "with speculative decoding the stack's logprobs at times hold a negative token id, and the API "
                 "server's output handler dies detokenizing it (OverflowError; every request in flight fails)",
+    "prompt_logprobs": "tpu-inference 0.32 raises 'prompt_logprobs is not supported with speculative decoding' in "
+                       "the engine core's step (TPUModelRunner._execute_model), which kills the server",
+    **dict.fromkeys(("structured_outputs", "response_format"),
+                    "tpu-inference 0.32 applies the grammar bitmask (a row per request) to logits with a row per "
+                    "draft token too (StructuredDecodingManager: incompatible shapes), which kills the server"),
 }
 
 

@@ -10,6 +10,7 @@ from it: one list of flags and variables, never copied.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -125,7 +126,25 @@ def lora_module_map(value: Any) -> dict[str, str]:
 
 
 class ServerFailed(RuntimeError):
-    """The server exited or never answered /health; the message ends with its log's tail."""
+    """The server exited or never answered /health; one line: what happened, the log's cause line, the log."""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# "(EngineCore pid=7) ERROR 12-04 10:15:29 [core.py:1512] " and the like, before a log line's own words
+_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s*)?([A-Z]+ \d\d-\d\d [\d:]+ \[[^]]*\]\s*)?")
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit)\w*: ")
+
+
+# vLLM's API server ends with a wrapper ("Engine core initialization failed. See root cause above.")
+_POINTS_ABOVE = re.compile(r"root cause above|stack trace \(above\)")
+
+
+def cause_line(log_text: str) -> str:
+    """The last exception line of a server log that is not a wrapper pointing above it, else its last line."""
+    lines = [_LOG_PREFIX.sub("", _ANSI.sub("", line)).strip() for line in log_text.splitlines()]
+    lines = [line for line in lines if line]
+    causes = [line for line in lines if _EXCEPTION_LINE.match(line) and not _POINTS_ABOVE.search(line)]
+    return causes[-1] if causes else (lines[-1] if lines else "")
 
 
 @dataclass
@@ -151,12 +170,13 @@ class Server:
         deadline = self.started_at + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerFailed(f"vllm serve exited with {self.process.returncode} before ready\n{self.tail()}")
+                raise ServerFailed(f"vllm serve exited with {self.process.returncode} before ready: "
+                                   f"{self.cause()} (log: {self.log_path})")
             if health(self.command.url):
                 self.ready_seconds = time.monotonic() - self.started_at
                 return self.ready_seconds
             time.sleep(poll)
-        raise ServerFailed(f"vllm serve not ready after {timeout:.0f} s\n{self.tail()}")
+        raise ServerFailed(f"vllm serve not ready after {timeout:.0f} s: {self.cause()} (log: {self.log_path})")
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGINT (vLLM's clean shutdown of API server and engine core), then SIGKILL to the group."""
@@ -177,6 +197,12 @@ class Server:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def cause(self) -> str:
+        try:
+            return cause_line(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return "no log"
 
     def __enter__(self) -> Server:
         return self

@@ -65,3 +65,28 @@ def test_process_env_unsets_what_the_runner_unsets(tmp_path):
     cmd = serve_command(demo("tpu-inference"), tmp_path, 1)
     env = cmd.process_env({"VLLM_DISABLE_COMPILE_CACHE": "1", "PATH": "/bin"})
     assert "VLLM_DISABLE_COMPILE_CACHE" not in env and env["PATH"] == "/bin"
+
+
+# what vLLM 0.32's engine core printed when a pod's server died before ready (ANSI colour, pid prefixes)
+DYING_LOG = r"""
+(EngineCore pid=7) ERROR 12-04 10:15:29 [core.py:1512] Traceback (most recent call last):
+(EngineCore pid=7) ERROR 12-04 10:15:29 [core.py:1512]     raise ValueError(
+(EngineCore pid=7) ERROR 12-04 10:15:29 [core.py:1512] ValueError: prompt_logprobs is not supported with speculative decoding.
+\x1b[0;36m(APIServer pid=6)\x1b[0;0m RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
+def test_a_server_dying_before_ready_is_one_line_naming_its_cause_and_log(tmp_path):
+    """A real process that logs like vLLM and exits 1: the failure is one line an operator can act on."""
+    import sys
+
+    from aotc.server import Server, ServerCommand, ServerFailed
+
+    script = f"import sys; sys.stdout.write({DYING_LOG.replace(chr(92) + 'x1b', chr(27))!r}); sys.exit(1)"
+    command = ServerCommand(argv=[sys.executable, "-c", script], env={}, port=9)
+    with pytest.raises(ServerFailed) as failed, Server(command, tmp_path / "server.log").start() as server:
+        server.wait_ready(timeout=60, poll=0.05)
+    message = str(failed.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert message == ("vllm serve exited with 1 before ready: ValueError: prompt_logprobs is not supported with "
+                       f"speculative decoding. (log: {tmp_path / 'server.log'})")
