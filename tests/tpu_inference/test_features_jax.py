@@ -53,6 +53,13 @@ def test_feature_plans_name_what_the_engine_compiles():
     assert dp2.buckets["mesh"] == {"axes": {"data": 2, "model": 1}, "devices": 2}
     assert "structured_decoding" not in dp2.families()  # the stack skips it and no dp > 1 server reaches it
     assert buckets.implied_flags(MATRIX.entry(DP2)) == {"XLA_FLAGS": ("--xla_force_host_platform_device_count=2",)}
+    # the DP scheduler picks each request's rank, so the step graphs per token x request bucket are planned
+    tokens, reqs = dp2.buckets["token_paddings"], dp2.buckets["request_paddings"]
+    pairs = sum(r <= t for t in tokens for r in reqs)
+    beyond = {family: n for family, n in dp2.families().items()
+              if any(g.beyond_warmup for g in dp2.graphs if g.family == family)}
+    assert beyond == {"unpack_step_inputs": pairs, "select_prompt_logits": pairs, "prompt_logits_f32": len(tokens),
+                      "prompt_logits": len(set(tokens) - set(reqs))}
 
 
 def test_eagle3_plan_lists_the_drafters_helpers_with_async_scheduling_on():
@@ -114,3 +121,17 @@ def test_eagle3_canary_compiles_nothing_after_ready(jax_env, built, tmp_path):
     assert {line.split()[0] for line in doc["limitations"]} >= {"min_p", "logprobs", "prompt_logprobs",
                                                                 "structured_outputs", "response_format"}
     assert doc["kinds"]["speculative"]["ok"] == doc["kinds"]["speculative"]["sent"] > 0
+
+
+@pytest.mark.slow
+def test_dp2_canary_compiles_nothing_after_ready(jax_env, built, tmp_path):
+    """The stock server at data parallel 2 from the published artifact, under every request kind it serves
+    (structured outputs are not: the DP scheduler cannot hand their grammar to a rank)."""
+    from tests.helpers.canary import assert_kinds_served, canary, publish_copy
+
+    store, _ = publish_copy(Path(built[DP2]["artifact_dir"]), tmp_path, jax_env)
+    code, doc, err = canary(CONFIG, DP2, store, jax_env, requests=32)
+    assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
+    assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0 and doc["failed_requests"] == 0
+    assert_kinds_served(doc, lacking={"lora", "speculative", "images", "structured_choice", "structured_regex",
+                                      "structured_json"})

@@ -20,6 +20,10 @@ REJECTION_SAMPLER_LOGPROBS = "rejection_sampler_logprobs"
 STEP_INPUTS = "unpack_step_inputs"
 MROPE_POSITIONS = "mrope_positions"
 SPECULATIVE = (BONUS_SAMPLE, REJECTION_SAMPLER_LOGPROBS, STEP_INPUTS)
+PROMPT_LOGITS = "prompt_logits"
+SELECT_PROMPT_LOGITS = "select_prompt_logits"
+PROMPT_LOGITS_F32 = "prompt_logits_f32"
+DATA_PARALLEL_STEP = (STEP_INPUTS, PROMPT_LOGITS, SELECT_PROMPT_LOGITS, PROMPT_LOGITS_F32)
 
 
 def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
@@ -171,24 +175,94 @@ def step_inputs(manager, shapes: Iterable[dict[str, Any]]) -> None:
                                  **shape)
 
 
+def prompt_logits(manager, shapes: Iterable[dict[str, Any]]) -> None:
+    """_precompile_compute_logits' call on a token bucket: with prompt logprobs a step computes logits over
+    every token's hidden state."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    runner = manager.runner
+    sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.ATTN_DATA, None))
+    for shape in shapes:
+        num_tokens = shape["num_tokens"]
+        hidden_states = jax.ShapeDtypeStruct((num_tokens, runner.model_config.get_hidden_size()), jnp.bfloat16,
+                                             sharding=sharding)
+        with runner.maybe_select_dummy_loras(runner.lora_config, np.array([num_tokens], dtype=np.int32)):
+            lora_metadata = runner.lora_utils.extract_lora_metadata()
+            manager._run_compilation(f"worker{runner.rank} {PROMPT_LOGITS}", runner.compute_logits_fn,
+                                     runner.state_leaves, hidden_states, lora_metadata, compile_only=True, **shape)
+
+
+def select_prompt_logits(manager, shapes: Iterable[dict[str, Any]]) -> None:
+    """_precompile_select_from_array_helper's call on vocabulary-wide logits rows: the rows to sample picked
+    from the logits over every token, placed as a serving step places them."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    runner = manager.runner
+    logits_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    index_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.ATTN_DATA))
+    for shape in shapes:
+        logits = jax.ShapeDtypeStruct((shape["array_size"], runner.vocab_size), jnp.bfloat16, sharding=logits_sharding)
+        indices = jax.ShapeDtypeStruct((shape["index_size"], ), jnp.int32, sharding=index_sharding)
+        manager._run_compilation(f"worker{runner.rank} {SELECT_PROMPT_LOGITS}", runner._select_from_array_fn, logits,
+                                 indices, runner.mesh, runner.vllm_config.sharding_config.prefill_cp_size,
+                                 compile_only=True, **shape)
+
+
+def prompt_logits_f32(manager, shapes: Iterable[dict[str, Any]]) -> None:
+    """The eager cast of the logits over every token to float32 before their logprobs are gathered
+    (TPUModelRunner._sample_from_logits), on an array placed as serving places it."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    runner = manager.runner
+    sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    for shape in shapes:
+        logits = manager._create_dummy_tensor((shape["num_tokens"], runner.vocab_size), jnp.bfloat16, sharding=sharding)
+        manager._run_compilation(f"worker{runner.rank} {PROMPT_LOGITS_F32}", _to_float32, logits, **shape)
+
+
+def _to_float32(logits):
+    import jax.numpy as jnp
+
+    return logits.astype(jnp.float32)
+
+
 def install(plan: Iterable[dict[str, Any]]) -> None:
     """After the stack's own warm-ups, compile the plan's beyond-warm-up graphs: prompt logprobs after its
-    logprob warm-up, the speculative ones after its speculative-decoding warm-up, M-RoPE positions after the
-    backbone over input embeddings (capture_model flushes next)."""
+    logprob warm-up, the speculative ones after its speculative-decoding warm-up, a data-parallel step's after
+    its compute_logits warm-up, M-RoPE positions after the backbone over input embeddings (capture_model
+    flushes next)."""
     from tpu_inference.runner.compilation_manager import CompilationManager
 
     beyond = [g for g in plan if g.get("beyond_warmup")]
     sizes = [g["shape"]["num_tokens"] for g in beyond if g["family"] == PROMPT_LOGPROBS]
     if sizes:
         _after(CompilationManager, "_precompile_gather_logprobs", lambda manager: prompt_logprobs(manager, sizes))
-    speculative = {family: [g["shape"] for g in beyond if g["family"] == family] for family in SPECULATIVE}
-    if any(speculative.values()):
+    shapes = {family: [g["shape"] for g in beyond if g["family"] == family]
+              for family in (*SPECULATIVE, *DATA_PARALLEL_STEP)}
+    if shapes[BONUS_SAMPLE]:  # speculative decoding: its step-input split follows the logits buckets
         def compile_speculative(manager) -> None:
-            bonus_sample(manager, speculative[BONUS_SAMPLE])
-            rejection_sampler_logprobs(manager, speculative[REJECTION_SAMPLER_LOGPROBS])
-            step_inputs(manager, speculative[STEP_INPUTS])
+            bonus_sample(manager, shapes[BONUS_SAMPLE])
+            rejection_sampler_logprobs(manager, shapes[REJECTION_SAMPLER_LOGPROBS])
+            step_inputs(manager, shapes[STEP_INPUTS])
 
         _after(CompilationManager, "_precompile_speculative_decoding", compile_speculative)
+    elif any(shapes[family] for family in DATA_PARALLEL_STEP):
+        def compile_data_parallel_step(manager) -> None:
+            step_inputs(manager, shapes[STEP_INPUTS])
+            prompt_logits(manager, shapes[PROMPT_LOGITS])
+            select_prompt_logits(manager, shapes[SELECT_PROMPT_LOGITS])
+            prompt_logits_f32(manager, shapes[PROMPT_LOGITS_F32])
+
+        _after(CompilationManager, "_precompile_compute_logits", compile_data_parallel_step)
     mrope = [g["shape"] for g in beyond if g["family"] == MROPE_POSITIONS]
     if mrope:
         _after(CompilationManager, "_precompile_backbone_with_inputs_embeds",

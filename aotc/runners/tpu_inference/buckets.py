@@ -152,6 +152,8 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     if spec:
         graphs += speculative_decoding_graphs(p, spec["method"])
         graphs += speculative_serving_graphs(p, data_parallel_size(entry))
+    elif data_parallel_size(entry) > 1:
+        graphs += data_parallel_step_graphs(p, prompt_logprobs=not multimodal)
     return list(dict.fromkeys(graphs))  # a loop that repeats a shape (attention request buckets) compiles it once
 
 
@@ -324,6 +326,23 @@ def speculative_serving_graphs(p: dict[str, list[int]], dp: int) -> list[GraphSp
                for n in logits for r in reqs for s in (False, True)]
     if dp == 1:
         graphs += [GraphSpec.of("unpack_step_inputs", True, num_tokens=t, num_logits=n) for t, n in _pairs(tokens, logits)]
+    return graphs
+
+
+def data_parallel_step_graphs(p: dict[str, list[int]], prompt_logprobs: bool) -> list[GraphSpec]:
+    """At data parallel > 1, what a step runs per token bucket x request bucket that the warm-up skips
+    (compiled by the runner, aotc/runners/tpu_inference/beyond_warmup.py). At dp 1 the build's traffic sweep
+    reaches every pair; at dp > 1 tpu-inference's DP scheduler picks each request's rank, so which pairs a
+    step pads to is not the sweep's to choose. The split of the step's packed host inputs, and with prompt
+    logprobs (TPUModelRunner._execute_model): logits over every token (compute_logits on a token bucket the
+    request buckets do not already compile), the rows picked from them, and their cast to float32."""
+    tokens, reqs = p["tokens"], p["reqs"]
+    pairs = _pairs(tokens, reqs)
+    graphs = [GraphSpec.of("unpack_step_inputs", True, num_tokens=t, num_logits=r) for t, r in pairs]
+    if prompt_logprobs:
+        graphs += [GraphSpec.of("prompt_logits", True, num_tokens=t) for t in tokens if t not in reqs]
+        graphs += [GraphSpec.of("select_prompt_logits", True, array_size=t, index_size=r) for t, r in pairs]
+        graphs += [GraphSpec.of("prompt_logits_f32", True, num_tokens=t) for t in tokens]
     return graphs
 
 
