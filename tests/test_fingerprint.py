@@ -16,7 +16,7 @@ from aotc.runners.spec import load_runner
 from .conftest import CONFIGS, REPO
 
 BASE = parse_matrix("""
-defaults: {env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {block_size: 16}}
+defaults: {env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {block_size: 16, num_gpu_blocks_override: 2049}}
 models: [{name: m, model: org/m, revision: abc, matrix: {max_model_len: [2048], max_num_seqs: [128],
           max_num_batched_tokens: [512], tensor_parallel_size: [1]}}]
 """).entries[0]
@@ -198,9 +198,10 @@ def test_flags_are_hashed_as_jax_hashes_them_duplicates_included():
 
 
 def test_kv_block_count_is_an_input():
-    assert fingerprint_entry(BASE, ENV).inputs["kv_blocks"] == 128 * 2048 // 128 + 1  # TPU page size 128
+    # (an entry without the override is sized by its stack on its device: tests/vllm_tpu/test_kv_sizing.py)
+    assert fingerprint_entry(BASE, ENV).inputs["kv_blocks"] == 2049
     pinned = dataclasses.replace(BASE, engine={**BASE.engine, "num_gpu_blocks_override": 4000})
-    assert fingerprint_entry(pinned, ENV).inputs["kv_blocks"] == 4000
+    assert fingerprint_entry(pinned, ENV).inputs["kv_blocks"] == 4000 and digest(pinned) != digest()
 
 
 def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
