@@ -48,6 +48,10 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
     if not size:
         raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on its "
                          f"device, and it was not sized here; pin engine.{OVERRIDE}")
+    if entry.device == "tpu" and not has_tpu():
+        raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on a TPU "
+                         f"({entry.accelerator}) and this host has none: run on the pod's TPU type, or pin "
+                         f"engine.{OVERRIDE}")
     blocks = run_sizing(entry, environ)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -57,6 +61,18 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
     except OSError:
         pass  # a read-only home only costs the next command another sizing
     return blocks
+
+
+# PCI vendor id of Google's TPU chips (what tpu-info and libtpu look for under /sys/bus/pci/devices)
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def has_tpu(pci_devices: Path = Path("/sys/bus/pci/devices")) -> bool:
+    """Whether this host has a TPU chip: a TPU entry sized anywhere else would start the stack for nothing."""
+    try:
+        return any((device / "vendor").read_text().strip() == GOOGLE_PCI_VENDOR for device in pci_devices.iterdir())
+    except OSError:
+        return False
 
 
 def sizing_path(key: dict[str, Any], environ: dict[str, str]) -> Path:

@@ -46,11 +46,23 @@ def chromium():
     return ensure_chromium()
 
 
+ANNOUNCED = "announced"
+
+
 @pytest.fixture
-def announce(capsys):
-    """Print past pytest's capture: artifacts a person should look at (a screenshot) and measured figures."""
+def announce(request):
+    """Figures and artifacts a person should look at (a screenshot, a canary's counts): printed at the end of
+    the run under "announced", from whichever pytest-xdist worker ran the test."""
     def say(line: str) -> None:
-        with capsys.disabled():
-            print(f"\n{line}")
+        request.node.user_properties.append((ANNOUNCED, line))
 
     return say
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = [(report.nodeid, value) for report in terminalreporter.getreports("passed") + terminalreporter.getreports("failed")
+             for key, value in getattr(report, "user_properties", ()) if key == ANNOUNCED and report.when == "call"]
+    if lines:
+        terminalreporter.section(ANNOUNCED)
+        for nodeid, line in lines:
+            terminalreporter.write_line(f"{nodeid}:\n{line}")

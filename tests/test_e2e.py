@@ -3,7 +3,6 @@ twin of vLLM 0.13's TPU runner, verify it in a fresh process, publish, fetch; an
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 

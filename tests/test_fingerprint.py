@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -223,3 +224,29 @@ def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
     cpu = dataclasses.replace(BASE, device="cpu")
     assert len(fingerprint_entry(cpu, ENV).inputs["twin"]) == 64
     assert "twin" not in fingerprint_entry(BASE, ENV).inputs
+
+
+def test_a_tpu_entry_is_not_sized_on_a_host_without_a_tpu(tmp_path):
+    """`device: tpu` without a pinned count: the stack sizes it on the TPU; here (no TPU) that is a one-line
+    error at once, exit 2, instead of starting the stack for nothing."""
+    from aotc.kv import has_tpu
+
+    assert not has_tpu()  # CI and developer machines: the suite never runs on a TPU host
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", "fingerprint", str(CONFIGS / "example-tpu-jax.yaml"),
+                           "--entry", "qwen25-7b-jax--len4096-seqs64-tok1024-tp4"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120, env={**os.environ, "AOTC_HOME": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "to size on a TPU (v6e-4) and this host has none" in proc.stderr
+
+
+def test_a_tpu_host_is_known_by_its_pci_vendor_id_stand_in_sysfs(tmp_path):
+    """A stand-in /sys/bus/pci/devices (no TPU exists here): Google's vendor id marks a TPU chip."""
+    from aotc.kv import GOOGLE_PCI_VENDOR, has_tpu
+
+    for name, vendor in (("0000:00:04.0", "0x1af4"), ("0000:00:05.0", "0x8086")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor + "\n")
+    assert not has_tpu(tmp_path)
+    (tmp_path / "0000:00:06.0").mkdir()
+    (tmp_path / "0000:00:06.0" / "vendor").write_text(GOOGLE_PCI_VENDOR + "\n")
+    assert has_tpu(tmp_path) and not has_tpu(tmp_path / "missing")

@@ -9,7 +9,6 @@ the core's Python; tests/test_matrix_rules.py holds each rule against vLLM's own
 
 from __future__ import annotations
 
-from typing import Any
 
 # ModelConfig._get_and_verify_max_len: the config keys that bound the model's length (smallest wins)
 MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
