@@ -17,7 +17,7 @@ from aotc.runners.spec import load_runner
 from .conftest import CONFIGS, REPO
 
 BASE = parse_matrix("""
-defaults: {env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {block_size: 16}}
+defaults: {env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {block_size: 16, num_gpu_blocks_override: 2049}}
 models: [{name: m, model: org/m, revision: abc, matrix: {max_model_len: [2048], max_num_seqs: [128],
           max_num_batched_tokens: [512], tensor_parallel_size: [1]}}]
 """).entries[0]
@@ -27,6 +27,9 @@ ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_cpu_enable_fast_math=false", "LI
 def digest(entry=BASE, environ=ENV):
     return fingerprint_entry(entry, environ).digest
 
+
+# BASE's engine arguments: a TPU entry's count pinned (sizing it needs the TPU)
+PINNED = {"block_size": 16, "num_gpu_blocks_override": 2049}
 
 ENTRY_CHANGES = {
     "model": {"model": "org/other"},
@@ -38,14 +41,14 @@ ENTRY_CHANGES = {
     "max_num_seqs": {"max_num_seqs": 256},
     "max_num_batched_tokens": {"max_num_batched_tokens": 1024},
     "tensor_parallel_size": {"tensor_parallel_size": 2},
-    "engine_arg": {"engine": {"block_size": 32}},
-    "engine_arg_added": {"engine": {"block_size": 16, "max_logprobs": 5}},
+    "engine_arg": {"engine": {**PINNED, "block_size": 32}},
+    "engine_arg_added": {"engine": {**PINNED, "max_logprobs": 5}},
     # one per kind of vllm serve argument the matrix may set: a switch, a count, a JSON config, a string
-    "engine_switch": {"engine": {"block_size": 16, "async_scheduling": False}},
-    "engine_count": {"engine": {"block_size": 16, "data_parallel_size": 2}},
-    "engine_json_config": {"engine": {"block_size": 16, "speculative_config": {"method": "ngram",
+    "engine_switch": {"engine": {**PINNED, "async_scheduling": False}},
+    "engine_count": {"engine": {**PINNED, "data_parallel_size": 2}},
+    "engine_json_config": {"engine": {**PINNED, "speculative_config": {"method": "ngram",
                                                                                "num_speculative_tokens": 2}}},
-    "engine_string": {"engine": {"block_size": 16, "kv_cache_dtype": "fp8"}},
+    "engine_string": {"engine": {**PINNED, "kv_cache_dtype": "fp8"}},
     "runner_env": {"env": {"VLLM_TPU_BUCKET_PADDING_GAP": 128}},
     "most_model_len": {"env": {"VLLM_TPU_BUCKET_PADDING_GAP": 0, "VLLM_TPU_MOST_MODEL_LEN": 1024}},
 }
@@ -60,8 +63,8 @@ def test_each_entry_input_changes_the_digest(name):
 
 def test_changed_engine_argument_is_named():
     spec = {"method": "ngram", "num_speculative_tokens": 2}
-    ours = dataclasses.replace(BASE, engine={"block_size": 16, "speculative_config": spec})
-    theirs = dataclasses.replace(BASE, engine={"block_size": 16, "speculative_config": {**spec, "num_speculative_tokens": 3}})
+    ours = dataclasses.replace(BASE, engine={**PINNED, "speculative_config": spec})
+    theirs = dataclasses.replace(BASE, engine={**PINNED, "speculative_config": {**spec, "num_speculative_tokens": 3}})
     assert diff_inputs(fingerprint_entry(ours, ENV).inputs, fingerprint_entry(theirs, ENV).inputs) == [
         "engine.speculative_config.num_speculative_tokens"]
 
@@ -69,7 +72,7 @@ def test_changed_engine_argument_is_named():
 @pytest.mark.parametrize("pod_only", [{"host": "0.0.0.0"}, {"port": 9000}, {"served_model_name": ["x"]},
                                       {"api_key": "k"}, {"uvicorn_log_level": "debug"}])
 def test_pod_only_arguments_leave_the_digest_alone(pod_only):
-    assert digest(dataclasses.replace(BASE, engine={"block_size": 16, **pod_only})) == digest()
+    assert digest(dataclasses.replace(BASE, engine={**PINNED, **pod_only})) == digest()
 
 
 ENV_CHANGES = {
@@ -111,7 +114,7 @@ def test_local_model_config_content_changes_the_digest(tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 64}))
     text = f"models: [{{name: t, model: {model}, matrix: {{max_model_len: [128], max_num_seqs: [8], " \
-           "max_num_batched_tokens: [64]}}]"
+           "max_num_batched_tokens: [64]}, engine: {num_gpu_blocks_override: 65}}]"
     before = fingerprint_entry(parse_matrix(text).entries[0], ENV)
     (model / "config.json").write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 128}))
     after = fingerprint_entry(parse_matrix(text).entries[0], ENV)
@@ -126,7 +129,7 @@ def test_local_model_location_does_not_matter(tmp_path):
         model.mkdir(parents=True)
         (model / "config.json").write_text('{"num_attention_heads": 4}')
         text = f"models: [{{name: t, model: {model}, matrix: {{max_model_len: [128], max_num_seqs: [8], " \
-               "max_num_batched_tokens: [64]}}]"
+               "max_num_batched_tokens: [64]}, engine: {num_gpu_blocks_override: 65}}]"
         digests.add(fingerprint_entry(parse_matrix(text).entries[0], ENV).digest)
     assert len(digests) == 1
 
@@ -134,7 +137,7 @@ def test_local_model_location_does_not_matter(tmp_path):
 def draft_entry(matrix_dir, draft="./draft"):
     """An eagle3 entry whose draft model is a local dir named relative to the matrix's own dir."""
     text = ("models: [{name: t, model: org/m, engine: {speculative_config: {method: eagle3, model: %s, "
-            "num_speculative_tokens: 2}}, matrix: {max_model_len: [128], max_num_seqs: [8], "
+            "num_speculative_tokens: 2}, num_gpu_blocks_override: 65}, matrix: {max_model_len: [128], max_num_seqs: [8], "
             "max_num_batched_tokens: [64]}}]" % draft)
     return parse_matrix(text, base_dir=matrix_dir, check_stack=False).entries[0]
 
@@ -173,14 +176,15 @@ def test_local_draft_model_without_a_config_is_a_one_line_matrix_error(tmp_path)
 def test_identical_across_processes():
     code = ("import sys; from aotc.matrix import load_matrix; from aotc.fingerprint import fingerprint_entry;"
             "m = load_matrix(sys.argv[1]); print(fingerprint_entry(m.entries[0], {}).digest)")
-    outs = {subprocess.run([sys.executable, "-c", code, str(CONFIGS / "example-tpu.yaml")], capture_output=True,
+    # the demo (CPU twin): sized once by its stack and kept on disk, so both processes read the same count
+    outs = {subprocess.run([sys.executable, "-c", code, str(CONFIGS / "demo.yaml")], capture_output=True,
                            text=True, cwd=cwd, check=True).stdout for cwd in (REPO, "/")}
     assert len(outs) == 1 and len(outs.pop().strip()) == 64
 
 
 def test_cli_json_shows_inputs(capsys):
-    entry = "llama31-8b--len2048-seqs128-tok512-tp1"
-    assert main(["fingerprint", str(CONFIGS / "example-tpu.yaml"), "--entry", entry, "--json"]) == 0
+    entry = "tiny-llama--len128-seqs8-tok64-tp1"
+    assert main(["fingerprint", str(CONFIGS / "demo.yaml"), "--entry", entry, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["entry"] == entry and len(doc["fingerprint"]) == 64
     # jax/jaxlib: torch_xla's Pallas kernels are lowered with them on a TPU
@@ -199,9 +203,10 @@ def test_flags_are_hashed_as_jax_hashes_them_duplicates_included():
 
 
 def test_kv_block_count_is_an_input():
-    assert fingerprint_entry(BASE, ENV).inputs["kv_blocks"] == 128 * 2048 // 128 + 1  # TPU page size 128
+    # (an entry without the override is sized by its stack on its device: tests/vllm_tpu/test_kv_sizing.py)
+    assert fingerprint_entry(BASE, ENV).inputs["kv_blocks"] == 2049
     pinned = dataclasses.replace(BASE, engine={**BASE.engine, "num_gpu_blocks_override": 4000})
-    assert fingerprint_entry(pinned, ENV).inputs["kv_blocks"] == 4000
+    assert fingerprint_entry(pinned, ENV).inputs["kv_blocks"] == 4000 and digest(pinned) != digest()
 
 
 def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):

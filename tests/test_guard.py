@@ -72,10 +72,11 @@ def test_matching_manifest(tmp_path):
 
 def test_mismatch_names_the_differing_inputs(tmp_path):
     entry = demo_entry()
-    write_manifest(tmp_path, replace(entry, max_num_seqs=16, engine={"block_size": 16}), ENV)
+    write_manifest(tmp_path, replace(entry, max_num_seqs=16, engine={"block_size": 16, "num_gpu_blocks_override": 33}),
+                   ENV)
     check = guard.check_cache(str(tmp_path), vllm_config(entry), {**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"}, **TWIN)
     assert check.status == "mismatch"
-    # the pod pinned the KV size of its own entry, so it differs from the published one too
+    # the published entry pinned another KV page count than the pod's (its stack's sizing)
     assert [d.split(":")[0] for d in check.differences] == ["env.VLLM_TPU_BUCKET_PADDING_GAP", "kv_blocks",
                                                             "max_num_seqs"]
     assert "max_num_seqs: here 8, published 16" in check.line

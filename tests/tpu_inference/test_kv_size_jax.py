@@ -17,7 +17,7 @@ from aotc.runners.tpu_inference import twin
 
 from .conftest import REPO, run_jax
 
-FACTS = REPO / "tests" / "tpu_inference" / "jax_kv_facts.py"
+FACTS = REPO / "tests" / "helpers" / "kv_facts.py"
 HALF = twin.DEFAULT_HBM_BYTES // 2
 
 
@@ -28,7 +28,8 @@ def demo():
 @pytest.mark.slow
 def test_unpinned_page_count_is_the_stacks_sizing_of_the_twins_hbm(jax_env):
     entry = demo()
-    facts = run_jax(jax_env, FACTS, {"entry": entry.to_dict(), "hbm_bytes": [twin.DEFAULT_HBM_BYTES, HALF]})
+    facts = run_jax(jax_env, FACTS, {"runner": "tpu-inference", "entry": entry.to_dict(),
+                                     "hbm_bytes": [twin.DEFAULT_HBM_BYTES, HALF]})
     stack = {int(hbm): blocks for hbm, blocks in facts["by_hbm"].items()}
     sized = entry_kv_blocks(entry, jax_env)
     assert sized == facts["sized"] == stack[twin.DEFAULT_HBM_BYTES]

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from aotc.fingerprint import pin_kv
+from aotc.fingerprint import entry_kv_blocks, pin_kv
 from aotc.matrix import Entry
 from aotc.runners.vllm_tpu import cpu_platform, engine
 
@@ -78,9 +78,8 @@ def test_engine_args_pick_worker_per_device():
     args = engine.engine_args(pin_kv(Entry.from_dict(demo_entry())).to_dict(), 3)
     assert args["worker_cls"] == "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
     assert args["load_format"] == "dummy" and args["seed"] == 3 and args["block_size"] == 16
-    # the KV page count the core pins reaches the engine: vllm-tpu's full-length rule, 8 seqs x 128/16 pages
-    # + the null block
-    assert args["num_gpu_blocks_override"] == 8 * 8 + 1
+    # the KV page count the core pins (the stack's sizing of the twin's HBM) reaches the engine
+    assert args["num_gpu_blocks_override"] == entry_kv_blocks(Entry.from_dict(demo_entry()))
 
 
 def test_start_engine_mocked_tpu_starts_vllm_with_tpu_worker_and_cache(tmp_path, monkeypatch):

@@ -63,6 +63,7 @@ SPEC = VllmTpuRunner(
                           "same failure: tenstorrent/tt-xla#3310)"},
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21", "jax": "0.7.1",
           "jaxlib": "0.7.1"},  # requirements/full.lock
+    kv_size="aotc.runners.vllm_tpu.kv_size",
     twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention",
                   "aotc.runners.vllm_tpu.twin_moe"),
 )

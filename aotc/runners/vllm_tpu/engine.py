@@ -101,9 +101,11 @@ def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any
     return args, serving_env(entry, cache_dir)
 
 
-def start_engine(entry: dict[str, Any], cache_dir: str, seed: int):
-    """Start vLLM in-process; returns (llm, seconds)."""
+def start_engine(entry: dict[str, Any], cache_dir: str, seed: int, before_start=None):
+    """Start vLLM in-process; returns (llm, seconds). `before_start` runs after the env is set."""
     apply_env(runtime_env(entry, cache_dir))
+    if before_start is not None:
+        before_start()
     started = time.perf_counter()
     from vllm import LLM
 

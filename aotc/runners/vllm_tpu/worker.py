@@ -189,10 +189,6 @@ class CpuTwin:
     It also gives torch_xla's Pallas grouped matmul (vLLM's TPU MoE) its CPU kernel (twin_moe).
     """
 
-    # Blocks per request slot beyond the full-length need; keeps the budget
-    # deterministic so build and verify see the same KV-cache shape.
-    KV_BLOCKS_ENV = "AOTC_CPU_KV_BLOCKS"
-
     def init_device(self) -> None:
         # TPUWorker.init_device sets PJRT_DEVICE=TPU before touching the
         # runtime; creating the client first pins it to the CPU.
@@ -209,20 +205,20 @@ class CpuTwin:
     def determine_available_memory(self) -> int:
         import torch_xla.core.xla_model as xm
 
-        # Keep vLLM's profiling run (it compiles a graph a TPU pod compiles
-        # too); only the HBM query, which the CPU client cannot answer, is faked.
-        no_hbm = {"bytes_limit": 0, "bytes_used": 0}
-        with mock.patch.object(xm, "get_memory_info", lambda device: no_hbm):
-            super().determine_available_memory()
-        return self.kv_budget_blocks() * self._bytes_per_block()
+        from .kv_size import DEFAULT_HBM_BYTES, HBM_BYTES_ENV
 
-    def kv_budget_blocks(self) -> int:
-        if os.environ.get(self.KV_BLOCKS_ENV):
-            return int(os.environ[self.KV_BLOCKS_ENV])
-        from aotc.runners.paddings import full_length_blocks
+        # vLLM's own profiling run and arithmetic; only the HBM query, which the CPU client cannot answer,
+        # reports the twin's stated HBM with the loaded weights in use, as a TPU's does after loading.
+        hbm = {"bytes_limit": int(os.environ.get(HBM_BYTES_ENV) or DEFAULT_HBM_BYTES),
+               "bytes_used": self._weight_bytes()}
+        with mock.patch.object(xm, "get_memory_info", lambda device: hbm):
+            available = super().determine_available_memory()
+        pinned = self.cache_config.num_gpu_blocks_override
+        # vLLM takes a pinned count whatever memory is reported: report enough for it on the twin
+        return max(available, pinned * self._bytes_per_block()) if pinned else available
 
-        return full_length_blocks(self.scheduler_config.max_num_seqs, self.model_config.max_model_len,
-                                  self.cache_config.block_size)
+    def _weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
 
     def _bytes_per_block(self) -> int:
         return sum(spec.page_size_bytes for spec in self.model_runner.get_kv_cache_spec().values())
