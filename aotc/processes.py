@@ -27,7 +27,12 @@ def update_env(target: MutableMapping[str, str], changes: Mapping[str, str | Non
 
 def exit_now(code: int) -> None:
     """Leave without interpreter teardown, output flushed: an in-process vLLM engine or a stalled transfer
-    thread can hang there, and the result is already written."""
+    thread can hang there, and the result is already written. Child processes multiprocessing started (e.g.
+    tpu-inference's DP scheduler workers at data parallel > 1) are killed first: the teardown that would have
+    stopped them is skipped, and each would stay behind holding its copy of the engine's memory."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if "multiprocessing" in sys.modules:
+        for child in sys.modules["multiprocessing"].active_children():
+            child.kill()
     os._exit(code)
