@@ -9,7 +9,6 @@ the core's Python; tests/test_matrix_rules.py holds each rule against vLLM's own
 
 from __future__ import annotations
 
-
 # ModelConfig._get_and_verify_max_len: the config keys that bound the model's length (smallest wins)
 MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")

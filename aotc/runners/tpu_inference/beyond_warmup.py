@@ -32,14 +32,11 @@ def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
-    from tpu_inference.layers.common.sharding import ShardingAxisName
     from tpu_inference.layers.jax.sample.sampling import compute_and_gather_prompt_logprobs
 
     runner = manager.runner
     for num_tokens in token_counts:
-        logits_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA,
-                                                                   ShardingAxisName.MLP_TENSOR))
-        logits = jax.ShapeDtypeStruct((num_tokens, runner.vocab_size), jnp.float32, sharding=logits_sharding)
+        logits = jax.ShapeDtypeStruct((num_tokens, runner.vocab_size), jnp.float32, sharding=_logits_sharding(runner))
         token_ids = jax.ShapeDtypeStruct((num_tokens, ), jnp.int32,
                                          sharding=NamedSharding(runner.mesh, PartitionSpec()))
         manager._run_compilation(f"worker{runner.rank} compute_and_gather_prompt_logprobs",
@@ -103,12 +100,10 @@ def bonus_sample(manager, shapes: Iterable[dict[str, Any]]) -> None:
     """`sample` on the bonus-token rows select_bonus_logits picks: with speculative decoding
     `_sample_from_logits` samples them in the model's dtype, while _precompile_sampling compiles float32 logits
     (the cast of the path without speculation)."""
-    from jax.sharding import NamedSharding, PartitionSpec
-    from tpu_inference.layers.common.sharding import ShardingAxisName
     from tpu_inference.layers.jax.sample.sampling import sample
 
     runner = manager.runner
-    logits_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    logits_sharding = _logits_sharding(runner)
     for shape in shapes:
         num_reqs = shape["num_reqs"]
         logits = manager._create_dummy_tensor((num_reqs, runner.vocab_size), runner.model_config.dtype,
@@ -130,7 +125,7 @@ def rejection_sampler_logprobs(manager, shapes: Iterable[dict[str, Any]]) -> Non
     from tpu_inference.layers.common.sharding import ShardingAxisName
 
     runner = manager.runner
-    probs_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    probs_sharding = _logits_sharding(runner)
     replicated = NamedSharding(runner.mesh, PartitionSpec())
     per_request = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.ATTN_DATA))
     for shape in shapes:
@@ -205,7 +200,7 @@ def select_prompt_logits(manager, shapes: Iterable[dict[str, Any]]) -> None:
     from tpu_inference.layers.common.sharding import ShardingAxisName
 
     runner = manager.runner
-    logits_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    logits_sharding = _logits_sharding(runner)
     index_sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.ATTN_DATA))
     for shape in shapes:
         logits = jax.ShapeDtypeStruct((shape["array_size"], runner.vocab_size), jnp.bfloat16, sharding=logits_sharding)
@@ -219,14 +214,20 @@ def prompt_logits_f32(manager, shapes: Iterable[dict[str, Any]]) -> None:
     """The eager cast of the logits over every token to float32 before their logprobs are gathered
     (TPUModelRunner._sample_from_logits), on an array placed as serving places it."""
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
-    from tpu_inference.layers.common.sharding import ShardingAxisName
 
     runner = manager.runner
-    sharding = NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
+    sharding = _logits_sharding(runner)
     for shape in shapes:
         logits = manager._create_dummy_tensor((shape["num_tokens"], runner.vocab_size), jnp.bfloat16, sharding=sharding)
         manager._run_compilation(f"worker{runner.rank} {PROMPT_LOGITS_F32}", _to_float32, logits, **shape)
+
+
+def _logits_sharding(runner):
+    """Where a serving step places vocabulary-wide logits rows (the warm-up's logits sharding)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    return NamedSharding(runner.mesh, PartitionSpec(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR))
 
 
 def _to_float32(logits):
