@@ -3,12 +3,14 @@ code over a randomized sweep (tpu-inference's against vLLM 0.32's in tests/tpu_i
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
+from aotc.errors import MatrixError
 from aotc.matrix import parse_matrix
 from aotc.runners import vllm_rules
 from aotc.runners.vllm_tpu import rules
@@ -90,3 +92,39 @@ def test_max_len_rule_is_vllms(config):
 def test_budgets_vllm_accepts_are_accepted(tokens):
     assert entry(max_num_batched_tokens=tokens).max_num_batched_tokens == tokens
     assert entry(runner="tpu-inference", max_num_batched_tokens=tokens).max_num_batched_tokens == tokens
+
+
+SPECULATIVE = '{speculative_config: {method: ngram, num_speculative_tokens: 2, prompt_lookup_max: 3}}'
+
+
+def test_vllm_tpu_speculative_refusal_is_tpu_platforms_own():
+    """TpuPlatform stops any config with a speculative_config; when a stack serves it, this fails and the
+    rule goes."""
+    from vllm.config import CompilationMode, CUDAGraphMode
+    from vllm.platforms.tpu import TpuPlatform
+
+    def platform_check(speculative_config):
+        compilation = SimpleNamespace(mode=CompilationMode.DYNAMO_TRACE_ONCE, cudagraph_mode=CUDAGraphMode.NONE,
+                                      backend="openxla")
+        TpuPlatform.check_and_update_config(SimpleNamespace(
+            cache_config=SimpleNamespace(block_size=16), compilation_config=compilation,
+            speculative_config=speculative_config, model_config=None))
+
+    with pytest.raises(AssertionError, match="TPU does not support speculative decoding"):
+        platform_check(SimpleNamespace(method="ngram"))
+    with pytest.raises(MatrixError, match=r"engine\.speculative_config: vLLM 0\.13's TPU platform does not support"):
+        entry(engine=SPECULATIVE)
+    assert entry(engine="{speculative_config: null}")
+
+
+def test_vllm_tpu_data_parallel_refusal_is_vllm_0_13s_own_gap():
+    """vLLM 0.13's DP engine core asks an idle rank's worker for a dummy batch, which its TPU worker lacks."""
+    from vllm.v1.engine.core import DPEngineCoreProc
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.tpu_worker import TPUWorker
+
+    assert "self.execute_dummy_batch()" in inspect.getsource(DPEngineCoreProc.run_busy_loop)
+    assert hasattr(Worker, "execute_dummy_batch") and not hasattr(TPUWorker, "execute_dummy_batch")
+    with pytest.raises(MatrixError, match=r"engine\.data_parallel_size: 2: vLLM 0\.13's TPU worker cannot serve"):
+        entry(engine="{data_parallel_size: 2}")
+    assert entry(engine="{data_parallel_size: 1}")

@@ -63,6 +63,10 @@ ZOO: dict[str, dict] = {
                      "router_aux_loss_coef": 0.9, "output_router_logits": False},
     # An EAGLE-3 target: tpu-inference's JAX Llama hands the drafter the hidden states entering layers
     # (2, n // 2, n - 3) (LlamaModel.get_eagle3_aux_hidden_state_layers), three distinct layers from 8 on.
+    # Multi-token prediction: MiMo is Qwen2 with `num_nextn_predict_layers` MTP layers after the backbone, which
+    # vLLM serves as its own draft (method: mtp -> MiMoMTPModel). model_type qwen2: transformers knows no "mimo";
+    # vLLM picks the MTP draft from the architecture (SpeculativeConfig.hf_config_override).
+    "tiny-mimo": {"architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1},
     "tiny-llama-8-layers": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
                             "attention_bias": False, "mlp_bias": False},
 }

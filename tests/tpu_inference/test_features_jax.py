@@ -1,4 +1,4 @@
-"""Engine features on the CPU twin, through the real CLI: speculative decoding (ngram, eagle3), data parallel 2 and
+"""Engine features on the CPU twin, through the real CLI: speculative decoding (ngram, eagle3, MTP), data parallel 2 and
 async scheduling off (configs/features-jax.yaml) each build with every planned graph compiled, and a fresh server's
 verify finds every graph it compiles in the artifact. Expected counts come from the plan (tests/tpu_inference/test_plan_jax.py
 ties it to tpu-inference's own capture_model), never from a previous run."""
@@ -20,12 +20,13 @@ from .test_build_verify_jax import aotc
 
 CONFIG = REPO / "configs" / "features-jax.yaml"
 MATRIX = load_matrix(CONFIG)
-NGRAM, EAGLE3, DP2, ASYNC_OFF = (f"{name}--len128-seqs8-tok64-tp1" for name in ("ngram", "eagle3", "dp2", "async-off"))
+NGRAM, EAGLE3, MTP, DP2, ASYNC_OFF = (f"{name}--len128-seqs8-tok64-tp1"
+                                     for name in ("ngram", "eagle3", "mtp", "dp2", "async-off"))
 
 
 @pytest.fixture(scope="module")
 def built(jax_env, tmp_path_factory) -> dict[str, dict]:
-    """One build of the four entries (one engine process each), shared by every test here."""
+    """One build of every entry (one engine process each), shared by every test here."""
     out = tmp_path_factory.mktemp("features")
     proc = aotc(jax_env, "build", CONFIG, "--out", out, "--traffic", "8", "--json", timeout=2400)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -77,6 +78,15 @@ def test_eagle3_plan_lists_the_drafters_helpers_with_async_scheduling_on():
     assert draft == str(REPO / "configs" / "models" / "tiny-llama-eagle3")
 
 
+def test_mtp_plan_lists_the_same_drafter_helpers_as_eagle3():
+    """MTP drafts with the target's own prediction layers through the same proposer: tpu-inference's
+    _precompile_mtp_helpers compiles the two helpers _precompile_eagle3_helpers does, per token bucket."""
+    mtp, eagle3 = plan(MTP), plan(EAGLE3)
+    drafter = ("drafter_propose", "drafter_prepare_inputs")
+    assert [g.shape for g in mtp.graphs if g.family in drafter] == [g.shape for g in eagle3.graphs if g.family in drafter]
+    assert {g.family for g in mtp.graphs if g.beyond_warmup} == {g.family for g in eagle3.graphs if g.beyond_warmup}
+
+
 TPU_OPTION_JITS = """
 import jax, jax.numpy as jnp
 from aotc.runners.tpu_inference.twin import jit_without_tpu_options
@@ -100,7 +110,7 @@ def test_the_twin_compiles_jits_that_name_tpu_only_compiler_options(jax_env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [NGRAM, EAGLE3, DP2, ASYNC_OFF])
+@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, DP2, ASYNC_OFF])
 def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(jax_env, built, name):
     entry = built[name]
     assert entry["ok"] and entry["graphs_with_keys"] == entry["planned"] == len(plan(name).graphs), entry["problems"]
@@ -110,7 +120,7 @@ def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(
 
 STRUCTURED = {"structured_choice", "structured_regex", "structured_json"}
 # what each entry has no means for (no adapters, no images; no draft tokens; structured outputs at dp > 1)
-LACKING = {NGRAM: {"lora", "images"}, EAGLE3: {"lora", "images"}, DP2: {"lora", "images", "speculative"} | STRUCTURED,
+LACKING = {NGRAM: {"lora", "images"}, EAGLE3: {"lora", "images"}, MTP: {"lora", "images"}, DP2: {"lora", "images", "speculative"} | STRUCTURED,
            ASYNC_OFF: {"lora", "images", "speculative"}}
 
 
@@ -123,7 +133,7 @@ def speculative_unserved_kinds() -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [NGRAM, EAGLE3, DP2, ASYNC_OFF])
+@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, DP2, ASYNC_OFF])
 def test_feature_canary_compiles_nothing_after_ready(jax_env, built, tmp_path, name):
     """The stock server with the feature, from the published artifact, under vLLM's load generator and every
     request kind the entry can take: nothing compiles after ready, every request served or refused by the stack."""

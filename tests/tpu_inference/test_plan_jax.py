@@ -123,13 +123,14 @@ CAPTURE = Path(__file__).with_name("jax_capture.py")
 
 
 def feature_sweep() -> list[dict]:
-    """Speculative decoding (ngram, eagle3; 1..4 draft tokens), data parallelism 1/2/4, async scheduling as vLLM
+    """Speculative decoding (ngram, eagle3, mtp; 1..4 draft tokens), data parallelism 1/2/4, async scheduling as vLLM
     resolves it and explicitly off, over budgets on and between buckets."""
     rng = random.Random(9)
     cases = [{"seqs": 8, "tokens": 64, "gap": 0, "dp": dp, "spec": spec, "async": None}
-             for dp in (1, 2) for spec in (None, {"method": "ngram", "num_speculative_tokens": 2})]
+             for dp in (1, 2) for spec in (None, {"method": "ngram", "num_speculative_tokens": 2},
+                                           {"method": "mtp", "num_speculative_tokens": 1})]
     for _ in range(24):
-        spec = rng.choice([None, {"method": rng.choice(["ngram", "eagle3"]), "num_speculative_tokens": rng.randint(1, 4)}])
+        spec = rng.choice([None, {"method": rng.choice(["ngram", "eagle3", "mtp"]), "num_speculative_tokens": rng.randint(1, 4)}])
         cases.append({"seqs": rng.randint(1, 64), "tokens": rng.choice([64, 100, 256, 512, 1500]),
                       "gap": rng.choice([0, 0, 64]), "dp": rng.choice([1, 2, 4]), "spec": spec,
                       "async": rng.choice([None, False])})
