@@ -2,7 +2,8 @@
 compiles their siblings: through `CompilationManager._run_compilation`, with the same function,
 shardings and arguments, so the keys are the ones serving looks up. Prompt logprobs above the warm-up's
 limit; with speculative decoding, the bonus-token sampler, the rejection sampler with logprobs and the
-step's packed host inputs (SPECULATIVE); for an M-RoPE model, the positions each prompt's arrival computes.
+step's packed host inputs (SPECULATIVE); for a vision-language model, what a step with image embeddings runs
+under aotc's serving fixes (MULTIMODAL_STEP).
 
 The plan names them (`GraphSpec.beyond_warmup`, aotc/runners/tpu_inference/buckets.py); this module only
 executes what the request's plan lists. Imports JAX: runner-side only.
@@ -18,12 +19,16 @@ PROMPT_LOGPROBS = "gather_prompt_logprobs"
 BONUS_SAMPLE = "bonus_sample"
 REJECTION_SAMPLER_LOGPROBS = "rejection_sampler_logprobs"
 STEP_INPUTS = "unpack_step_inputs"
-MROPE_POSITIONS = "mrope_positions"
 SPECULATIVE = (BONUS_SAMPLE, REJECTION_SAMPLER_LOGPROBS, STEP_INPUTS)
 PROMPT_LOGITS = "prompt_logits"
 SELECT_PROMPT_LOGITS = "select_prompt_logits"
 PROMPT_LOGITS_F32 = "prompt_logits_f32"
 DATA_PARALLEL_STEP = (STEP_INPUTS, PROMPT_LOGITS, SELECT_PROMPT_LOGITS, PROMPT_LOGITS_F32)
+IMAGE_ENCODER = "image_encoder"
+MULTIMODAL_MASK = "multimodal_mask"
+EMPTY_EMBEDDING_ROWS = "empty_embedding_rows"
+PLACE_ENCODER_ROWS = "place_encoder_rows"
+MULTIMODAL_STEP = (IMAGE_ENCODER, MULTIMODAL_MASK, EMPTY_EMBEDDING_ROWS, PLACE_ENCODER_ROWS)
 
 
 def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
@@ -44,36 +49,57 @@ def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
                                  runner.model_config.max_logprobs, compile_only=True, num_tokens=num_tokens)
 
 
-class ImageFeature:
-    """What get_mrope_input_positions reads of a request's image (vLLM's MultiModalFeatureSpec.data)."""
+def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
+    """What a step with image embeddings runs besides the merger (serving_fixes): each image grid's encoder
+    through the runner's own embed_multimodal_fn (pixels as vLLM hands them over, so its output is the one a
+    request's image gets, dtype and sharding alike); per token bucket the placeholder mask lifted to the device
+    (gather_mm_embeddings' jnp.array) and the empty buffer; per bucket and grid the copy of the encoder rows.
+    Through `_run_compilation`, whose warm-up pass runs them in order under the runner's mesh."""
+    import jax.numpy as jnp
+    import numpy as np
 
-    def __init__(self, grid: list[int]):
-        self.data = self
-        self.grid = grid
+    from aotc.runners.tpu_inference import serving_fixes
 
-    def get_data(self) -> dict[str, Any]:
-        import numpy as np
-
-        return {"image_grid_thw": np.array(self.grid)}
-
-
-def mrope_positions(manager, shapes: list[dict[str, Any]]) -> None:
-    """M-RoPE positions as a request's arrival computes them (the model's get_mrope_input_positions, small
-    eager JAX ops shaped by the prompt): every text prompt length, and one prompt per image grid (a vision
-    start token, the image's tokens, a vision end token), through `_run_compilation` so that its warm-up pass
-    runs them under the runner's mesh, as execute_model does."""
     runner = manager.runner
-    config = runner.model_config.hf_config
-    for shape in shapes:
-        if "prompt_len" in shape:
-            tokens, features = [0] * shape["prompt_len"], []
-        else:
-            grid = [int(side) for side in shape["image_grid"].split("x")]
-            merged = grid[0] * grid[1] * grid[2] // config.vision_config.spatial_merge_size ** 2
-            tokens = [config.vision_start_token_id, *[config.image_token_id] * merged, config.vision_end_token_id]
-            features = [ImageFeature(grid)]
-        manager._run_compilation("mrope_positions", runner.get_mrope_input_positions_fn, tokens, features,
-                                 warmup_handler=lambda fn, args, kwargs: fn(*args, **kwargs)[0], **shape)
+    vision = runner.model_config.hf_config.vision_config
+    encoded: dict[str, Any] = {}
+
+    def encode(grid: str):
+        if grid not in encoded:
+            encoded[grid] = _encode_image(runner, vision, [int(side) for side in grid.split("x")])
+        return encoded[grid]
+
+    sharding = serving_fixes.embedding_sharding(runner.mesh)
+    any_grid = shapes[PLACE_ENCODER_ROWS][0]["image_grid"]
+
+    def empty(rows: int):  # the buffer takes the encoder output's width and dtype
+        return serving_fixes.empty_embedding_rows(rows, encode(any_grid).shape[-1], encode(any_grid).dtype, sharding)
+
+    def place(rows: int, grid: str):
+        return serving_fixes.place_encoder_rows(empty(rows), encode(grid), 0, 0, 1, sharding)
+
+    def mask(rows: int):
+        return jnp.array(np.zeros(rows, np.bool_), dtype=jnp.bool_)
+
+    run = functools.partial(manager._run_compilation, warmup_handler=lambda fn, args, kwargs: fn(*args, **kwargs))
+    for family, fn, first in ((IMAGE_ENCODER, encode, "image_grid"), (MULTIMODAL_MASK, mask, "num_tokens"),
+                              (EMPTY_EMBEDDING_ROWS, empty, "num_tokens")):
+        for shape in shapes[family]:
+            run(family, fn, shape[first], **shape)
+    for shape in shapes[PLACE_ENCODER_ROWS]:
+        run(PLACE_ENCODER_ROWS, place, shape["num_tokens"], shape["image_grid"], **shape)
+
+
+def _encode_image(runner, vision, grid: list[int]):
+    """One image of this patch grid through embed_multimodal_fn, as execute_mm_encoder calls it."""
+    import torch
+
+    patches = grid[0] * grid[1] * grid[2]
+    row = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+    [rows] = runner.embed_multimodal_fn(runner.state_leaves, modality="image",
+                                        pixel_values=torch.zeros((patches, row), dtype=runner.model_config.dtype),
+                                        image_grid_thw=torch.tensor([grid]))
+    return rows
 
 
 def _sampling_metadata(manager, num_reqs: int, do_sampling: bool, logprobs: bool):
@@ -239,8 +265,7 @@ def _to_float32(logits):
 def install(plan: Iterable[dict[str, Any]]) -> None:
     """After the stack's own warm-ups, compile the plan's beyond-warm-up graphs: prompt logprobs after its
     logprob warm-up, the speculative ones after its speculative-decoding warm-up, a data-parallel step's after
-    its compute_logits warm-up, M-RoPE positions after the backbone over input embeddings (capture_model
-    flushes next)."""
+    its compute_logits warm-up, a step with image embeddings after the input-embeddings merger."""
     from tpu_inference.runner.compilation_manager import CompilationManager
 
     beyond = [g for g in plan if g.get("beyond_warmup")]
@@ -264,10 +289,10 @@ def install(plan: Iterable[dict[str, Any]]) -> None:
             prompt_logits_f32(manager, shapes[PROMPT_LOGITS_F32])
 
         _after(CompilationManager, "_precompile_compute_logits", compile_data_parallel_step)
-    mrope = [g["shape"] for g in beyond if g["family"] == MROPE_POSITIONS]
-    if mrope:
-        _after(CompilationManager, "_precompile_backbone_with_inputs_embeds",
-               lambda manager: mrope_positions(manager, mrope))
+    multimodal = {family: [g["shape"] for g in beyond if g["family"] == family] for family in MULTIMODAL_STEP}
+    if any(multimodal.values()):
+        _after(CompilationManager, "_precompile_input_embeddings_merger",
+               lambda manager: multimodal_step(manager, multimodal))
 
 
 def _after(manager_class, method: str, extra) -> None:

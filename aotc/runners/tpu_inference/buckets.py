@@ -238,20 +238,28 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
         graphs += [GraphSpec.of("input_embeddings_merger", num_tokens=t),
                    GraphSpec.of("input_embeddings_merger_text_only", num_tokens=t)]
     graphs += [GraphSpec.of("backbone_with_embeds", num_tokens=t, num_reqs=p["attn_reqs"][-1]) for t in p["tokens"]]
-    return graphs + mrope_graphs(entry, hf_config)
+    return graphs + multimodal_step_graphs(entry, hf_config, p)
 
 
-def mrope_graphs(entry: Entry, hf_config: dict) -> list[GraphSpec]:
-    """Beyond the warm-up: the M-RoPE positions a request's arrival computes (Qwen2.5-VL's
-    get_mrope_input_positions runs small eager JAX ops, each compiled per shape): for a text prompt, ops
-    shaped by its length (every length up to max_model_len); for an image, ops shaped by its grid (the sizes
-    of traffic_images). Not covered, as the number of shapes is quadratic in max_model_len: the concatenation
-    of an image prompt's text and image pieces, shaped by where the image sits in the prompt."""
+def image_grids(entry: Entry, hf_config: dict) -> list[str]:
+    """The patch grids (t x h x w) of the images a sweep sends."""
     patch = hf_config["vision_config"].get("patch_size", 14)
-    grids = dict.fromkeys(f"1x{h // patch}x{w // patch}" for h, w, _ in traffic_images(entry, hf_config))
-    graphs = [GraphSpec.of("mrope_positions", beyond_warmup=True, prompt_len=n)
-              for n in range(1, entry.max_model_len + 1)]
-    return graphs + [GraphSpec.of("mrope_positions", beyond_warmup=True, image_grid=grid) for grid in grids]
+    return list(dict.fromkeys(f"1x{h // patch}x{w // patch}" for h, w, _ in traffic_images(entry, hf_config)))
+
+
+def multimodal_step_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) -> list[GraphSpec]:
+    """Beyond the warm-up, what a step with image embeddings runs besides the merger under aotc's serving fixes
+    (aotc/runners/tpu_inference/serving_fixes.py): per token bucket the step's placeholder mask lifted to the
+    device and the empty embedding buffer, per token bucket and image grid the copy of an image's encoder rows
+    into it; and the image encoder per grid when the stack's warm-up compiles none (no vision_warmup_config).
+    With enable_dynamic_image_sizes an image's rows follow its own size, which no grid list bounds."""
+    grids = image_grids(entry, hf_config)
+    graphs = [] if vision_encoder_graphs(entry, hf_config) else [
+        GraphSpec.of("image_encoder", True, image_grid=g) for g in grids]
+    for t in p["tokens"]:
+        graphs += [GraphSpec.of("multimodal_mask", True, num_tokens=t), GraphSpec.of("empty_embedding_rows", True, num_tokens=t)]
+        graphs += [GraphSpec.of("place_encoder_rows", True, num_tokens=t, image_grid=g) for g in grids]
+    return graphs
 
 
 def _pairs(outer: list[int], inner: list[int]) -> list[tuple[int, int]]:
