@@ -16,7 +16,7 @@ from typing import Any
 from aotc import kv
 from aotc.engine_args import graph_args
 from aotc.files import canonical_json, sha256_file
-from aotc.matrix import Entry
+from aotc.matrix import Entry, hf_config
 from aotc.runners.flags import xla_flags
 from aotc.runners.paddings import full_length_blocks
 from aotc.runners.spec import runner_versions
@@ -135,6 +135,8 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_b
         inputs["mesh"] = mesh
     if (twin := twin_digest(entry)) is not None:
         inputs["twin"] = twin
+    if fixes := entry.backend.serving_fixes(entry, hf_config(entry)):
+        inputs["serving_fixes"] = code_digest(fixes)
     return inputs
 
 

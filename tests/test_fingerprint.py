@@ -136,8 +136,9 @@ def test_local_model_location_does_not_matter(tmp_path):
 
 def draft_entry(matrix_dir, draft="./draft"):
     """An eagle3 entry whose draft model is a local dir named relative to the matrix's own dir."""
-    text = ("models: [{name: t, model: org/m, engine: {speculative_config: {method: eagle3, model: %s, "
-            "num_speculative_tokens: 2}, num_gpu_blocks_override: 65}, matrix: {max_model_len: [128], max_num_seqs: [8], "
+    text = ("models: [{name: t, model: org/m, runner: tpu-inference, engine: {speculative_config: {method: eagle3, "
+            "model: %s, num_speculative_tokens: 2}, num_gpu_blocks_override: 65}, matrix: {max_model_len: [128], "
+            "max_num_seqs: [8], "
             "max_num_batched_tokens: [64]}}]" % draft)
     return parse_matrix(text, base_dir=matrix_dir, check_stack=False).entries[0]
 
@@ -228,6 +229,20 @@ def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
     cpu = dataclasses.replace(BASE, device="cpu")
     assert len(fingerprint_entry(cpu, ENV).inputs["twin"]) == 64
     assert "twin" not in fingerprint_entry(BASE, ENV).inputs
+
+
+def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
+    """The tpu-inference serving fixes change what a Qwen2.5-VL server compiles (a pod runs them too): their
+    code is in that entry's fingerprint, and in no text model's, whose graphs they leave alone."""
+    from aotc.fingerprint import code_digest
+    from aotc.matrix import load_matrix
+    from aotc.runners.tpu_inference.buckets import SERVING_FIXES
+
+    [multimodal] = load_matrix(CONFIGS / "multimodal-jax.yaml").entries
+    [text] = load_matrix(CONFIGS / "demo-jax.yaml").entries
+    assert fingerprint_entry(multimodal, ENV).inputs["serving_fixes"] == code_digest(SERVING_FIXES)
+    assert "serving_fixes" not in fingerprint_entry(dataclasses.replace(text, engine={"num_gpu_blocks_override": 65}),
+                                                    ENV).inputs
 
 
 def test_a_tpu_entry_is_not_sized_on_a_host_without_a_tpu(tmp_path):

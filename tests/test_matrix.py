@@ -104,6 +104,7 @@ SWEPT = """
 models:
   - name: m
     model: org/model
+    runner: tpu-inference
     engine: {max-logprobs: 5, enable_prefix_caching: true}
     matrix:
       max_model_len: [128]

@@ -97,6 +97,13 @@ class RunnerSpec:
         rule = getattr(self._buckets(), "traffic_images", None)
         return tuple(rule(entry, hf_config)) if rule else ()
 
+    def serving_fixes(self, entry: Any, hf_config: dict | None) -> tuple[str, ...]:
+        """Modules the runner's plugin installs in every serving process (a pod's too) that change which graphs a
+        server of this entry compiles (e.g. aotc/runners/tpu_inference/serving_fixes.py): the fingerprint hashes
+        their code, so an artifact is never served under other fixes. () for none."""
+        rule = getattr(self._buckets(), "serving_fixes", None)
+        return tuple(rule(entry, hf_config)) if rule else ()
+
     def mesh(self, entry: Any) -> dict[str, Any] | None:
         """The device mesh the entry's graphs are sharded over; None: the runner declares none."""
         return self._derived("mesh", entry, None)

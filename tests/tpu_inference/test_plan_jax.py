@@ -228,8 +228,8 @@ def multimodal_entry(case: dict):
 def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(jax_env):
     """A vision-language model (the tiny Qwen2.5-VL's config.json): the plan lists exactly the `_run_compilation`
     calls capture_model makes for a multimodal runner (the text-only backbone, Qwen2.5-VL's own
-    precompile_vision_encoder, the input-embeddings merger and the backbone over input embeddings, with M-RoPE
-    positions), by family and shape, in the engine's order."""
+    precompile_vision_encoder, the input-embeddings merger and the backbone over input embeddings), by family
+    and shape, in the engine's order."""
     from aotc.matrix import hf_config
 
     cases = []

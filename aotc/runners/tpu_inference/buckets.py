@@ -241,6 +241,15 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
     return graphs + multimodal_step_graphs(entry, hf_config, p)
 
 
+SERVING_FIXES = ("aotc.runners.tpu_inference.serving_fixes",)
+
+
+def serving_fixes(entry: Entry, hf_config: dict | None) -> tuple[str, ...]:
+    """RunnerSpec.serving_fixes: they change the graphs of the multimodal architectures the plan follows only."""
+    architectures = set((hf_config or {}).get("architectures") or [])
+    return SERVING_FIXES if architectures & PLANNED_MULTIMODAL_ARCHITECTURES else ()
+
+
 def image_grids(entry: Entry, hf_config: dict) -> list[str]:
     """The patch grids (t x h x w) of the images a sweep sends."""
     patch = hf_config["vision_config"].get("patch_size", 14)
