@@ -233,7 +233,7 @@ def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
 
 def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     """The tpu-inference serving fixes change what a Qwen2.5-VL server compiles (a pod runs them too): their
-    code is in that entry's fingerprint, and in no text model's, whose graphs they leave alone."""
+    code is in that entry's fingerprint, and in no local text model's, whose graphs they leave alone."""
     from aotc.fingerprint import code_digest
     from aotc.matrix import load_matrix
     from aotc.runners.tpu_inference.buckets import SERVING_FIXES
@@ -243,6 +243,10 @@ def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     assert fingerprint_entry(multimodal, ENV).inputs["serving_fixes"] == code_digest(SERVING_FIXES)
     assert "serving_fixes" not in fingerprint_entry(dataclasses.replace(text, engine={"num_gpu_blocks_override": 65}),
                                                     ENV).inputs
+    # a hub id has no local config: it may be a vision model, and no machine can tell it from a cache
+    hub = dataclasses.replace(text, model="Qwen/Qwen2.5-VL-7B-Instruct", model_path=None,
+                              engine={"num_gpu_blocks_override": 65})
+    assert fingerprint_entry(hub, ENV).inputs["serving_fixes"] == code_digest(SERVING_FIXES)
 
 
 def test_a_tpu_entry_is_not_sized_on_a_host_without_a_tpu(tmp_path):
