@@ -78,6 +78,8 @@ class RunnerEnv(_Frozen):
     VLLM_XLA_USE_SPMD: Literal[0, 1] | None = None
     VLLM_TPU_USING_PATHWAYS: Literal[0, 1] | None = None
     NEW_MODEL_DESIGN: Literal[0, 1] | None = None  # tpu-inference: the 7-axis mesh (Llama 4's shardings need it)
+    # tpu-inference: its own JAX model or vLLM's through torchax (tpu_inference.envs choices)
+    MODEL_IMPL_TYPE: Literal["auto", "vllm", "flax_nnx", "jetpack"] | None = None
 
 
 class Settings(_Frozen):

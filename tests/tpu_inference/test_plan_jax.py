@@ -261,3 +261,41 @@ def test_plan_refuses_multimodal_architectures_it_does_not_follow():
     config = {**hf_config(entry), "architectures": ["LlavaForConditionalGeneration"]}
     with pytest.raises(ValueError, match="multimodal architectures"):
         buckets.capture_plan(entry, config)
+
+
+UNTIED_QWEN2 = """
+import inspect, json
+from transformers import AutoConfig
+from tpu_inference.models.jax.qwen2 import Qwen2ForCausalLM
+config = AutoConfig.from_pretrained({model!r})
+print(json.dumps({{"reads_text_config": "hf_config.text_config.hidden_size" in inspect.getsource(Qwen2ForCausalLM.__init__),
+                  "has_text_config": hasattr(config, "text_config"), "tied": config.tie_word_embeddings}}))
+"""
+
+
+def test_untied_jax_qwen2_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_path):
+    """tpu-inference 0.32's JAX Qwen2 reads hf_config.text_config for an untied lm_head, which a Qwen2 config
+    lacks: an untied Qwen2 on its JAX path is refused at plan (exit 2, one line, naming MODEL_IMPL_TYPE), tied
+    or through vLLM's model it plans. When the stack fixes it, the first assertion fails and the rule goes."""
+    import json
+    import subprocess
+
+    from tests.conftest import run_aotc
+
+    model = REPO / "configs" / "models" / "tiny-qwen2"
+    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", UNTIED_QWEN2.format(model=str(model))],
+                          capture_output=True, text=True, timeout=600, env={**jax_env, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts == {"reads_text_config": True, "has_text_config": False, "tied": False}
+    for extra, refused in (("", True), ("engine: {hf_overrides: {tie_word_embeddings: true}}, ", False),
+                           ("env: {MODEL_IMPL_TYPE: vllm}, ", False)):
+        config = tmp_path / "m.yaml"
+        config.write_text(f"defaults: {{runner: tpu-inference, device: cpu, engine: {{num_gpu_blocks_override: 65}}}}\n"
+                          f"models: [{{name: q, model: {model}, {extra}matrix: {{max_model_len: [128], "
+                          "max_num_seqs: [8], max_num_batched_tokens: [64]}}]\n")
+        plan = run_aotc("plan", config, env=jax_env)
+        assert plan.returncode == (2 if refused else 0), (extra, plan.stderr)
+        if refused:
+            assert "JAX Qwen2ForCausalLM cannot build an untied lm_head" in plan.stderr
+            assert "MODEL_IMPL_TYPE: vllm" in plan.stderr and len(plan.stderr.strip().splitlines()) == 1

@@ -1,6 +1,7 @@
-"""MoE architectures end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml
-builds every planned graph (through twin_moe where the model takes tpu-inference's GMM backend), a fresh
-process replays it with zero misses, and the stock server compiles nothing after ready. One build per entry.
+"""The model zoo end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml (dense
+Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin_moe where
+the model takes tpu-inference's GMM backend) builds every planned graph, a fresh process replays it with zero
+misses, and for one model of each MoE path the stock server compiles nothing after ready. One build per entry.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.conftest import run_aotc
 from .conftest import REPO
 
 ZOO = REPO / "configs" / "zoo-jax.yaml"
-# Every entry of the zoo matrix is an MoE architecture (one of each path: torchax, JAX-native), by name.
+# Every entry of the zoo matrix, by name.
 ENTRIES = {entry.model_name: entry for entry in load_matrix(ZOO).entries}
 
 
@@ -41,7 +42,7 @@ def built(request, jax_env, tmp_path_factory) -> tuple[str, Path, dict]:
 
 
 @pytest.mark.slow
-def test_moe_entry_builds_every_planned_graph_and_only_those(built):
+def test_zoo_entry_builds_every_planned_graph_and_only_those(built):
     model, artifact, report = built
     expected = plan(model)
     assert report["ok"] and report["planned"] == report["graphs_with_keys"] == len(expected.graphs)
@@ -64,7 +65,7 @@ def test_plan_names_the_mesh_the_stack_built(built):
 
 
 @pytest.mark.slow
-def test_moe_entry_verifies_with_zero_misses_and_real_loads(built, jax_env):
+def test_zoo_entry_verifies_with_zero_misses_and_real_loads(built, jax_env):
     model, artifact, _ = built
     proc = run_aotc("verify", artifact, "--traffic", "24", "--json", env=jax_env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
