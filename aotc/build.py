@@ -27,6 +27,7 @@ from aotc.runners.spec import runner_python
 from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.graphs import BuildPlan, GraphSpec
+from aotc.hf_cache import download_hint, hub_cache_dir
 from aotc.plan import plan_entry
 from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
                                    read_result)
@@ -128,6 +129,8 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     selected = shard_entries(matrix.select(entries), shard)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for entry in {(e.model, e.revision): e for e in selected}.values():
+        fetch_model_config(entry)
     # the KV page count in every entry's engine arguments: the runner, the manifest's build.entry (verify
     # plans from it) and the fingerprint all carry the one the stack sized (fingerprint.entry_kv_blocks)
     plans = [plan_entry(pin_kv(e, runner_process_env(e))) for e in selected]
@@ -136,6 +139,24 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(lambda p: build_entry(p, out, options, events), plans))
     return BuildReport(tuple(results), time.perf_counter() - start)
+
+
+_FETCH_CONFIG = "import sys; from huggingface_hub import hf_hub_download; hf_hub_download(*sys.argv[1:3], revision=sys.argv[3])"
+
+
+def fetch_model_config(entry: Entry) -> None:
+    """A hub model's config.json in the Hugging Face cache before the plan reads it (a MoE, vision or drafting
+    model plans from it), fetched as vLLM fetches the rest a moment later: by the runner's huggingface_hub, so
+    HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE apply."""
+    if entry.readable_config_path is not None or not entry.backend.loads_models:
+        return
+    proc = subprocess.run([runner_python(entry.runner), "-c", _FETCH_CONFIG, entry.model, "config.json",
+                           entry.revision], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 or entry.readable_config_path is None:
+        cause = next((line for line in reversed(proc.stderr.splitlines()) if line.strip()), "not in the cache after")
+        raise BadInput(f"{entry.name}: config.json of {entry.model}@{entry.revision} is neither in the Hugging Face "
+                       f"cache ({hub_cache_dir()}) nor downloadable: {cause.strip()[:300]}; "
+                       f"`{download_hint(entry.model, entry.revision)}` on a machine with access fetches it")
 
 
 def build_entry(plan: BuildPlan, out: Path, options: BuildOptions = BuildOptions(),

@@ -135,7 +135,9 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_b
         inputs["mesh"] = mesh
     if (twin := twin_digest(entry)) is not None:
         inputs["twin"] = twin
-    if fixes := entry.backend.serving_fixes(entry, hf_config(entry)):
+    # a hub model's config only where the matrix ships it: an init container has no Hugging Face cache, and
+    # the key must be the one the build machine (which has it) computed
+    if fixes := entry.backend.serving_fixes(entry, hf_config(entry) if entry.model_path else None):
         inputs["serving_fixes"] = code_digest(fixes)
     return inputs
 

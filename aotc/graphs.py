@@ -56,6 +56,9 @@ class BuildPlan:
     entry: Entry
     graphs: tuple[GraphSpec, ...]
     buckets: dict[str, Any]
+    # where the model's config.json came from (``source``: local, huggingface-cache, unavailable), as
+    # plan.model_config_source says; a plan without one follows the matrix alone
+    model_config: dict[str, Any] | None = None
 
     def families(self) -> Counter:
         return Counter(g.family for g in self.graphs)
@@ -64,4 +67,5 @@ class BuildPlan:
         return {"entry": self.entry.name, "runner": self.entry.runner, "device": self.entry.device,
                 "buckets": self.buckets, "families": dict(self.families()),
                 "total": len(self.graphs), "beyond_warmup": sum(g.beyond_warmup for g in self.graphs),
-                "graphs": [g.to_dict() for g in self.graphs]}
+                "graphs": [g.to_dict() for g in self.graphs],
+                **({"model_config": self.model_config} if self.model_config else {})}

@@ -21,6 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Stric
 
 from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
+from aotc.hf_cache import cached_file
 from aotc.runners.spec import DEFAULT_RUNNER, RunnerSpec, UnknownRunner, load_runner, runner_python, runner_versions
 
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
@@ -203,7 +204,14 @@ class Entry:
 
     @property
     def model_config_path(self) -> Path | None:
+        """A local model's config.json: part of the model, on every machine the matrix is."""
         return Path(self.model_path) / "config.json" if self.model_path else None
+
+    @property
+    def readable_config_path(self) -> Path | None:
+        """The config.json this machine can read: a local model's, or a hub model's in the Hugging Face cache
+        at the entry's revision (None when the cache lacks it: nothing here reaches the network)."""
+        return self.model_config_path or cached_file(self.model, "config.json", self.revision)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,8 +222,9 @@ class Entry:
 
 
 def hf_config(entry: Entry) -> dict | None:
-    """The entry's local config.json as vLLM sees it (with the entry's ``hf_overrides``)."""
-    path = entry.model_config_path
+    """The entry's config.json as vLLM sees it (with the entry's ``hf_overrides``), when this machine has it:
+    a local model's, or a hub model's from the Hugging Face cache."""
+    path = entry.readable_config_path
     return with_hf_overrides(json.loads(path.read_text()), entry.engine) if path and path.is_file() else None
 
 
@@ -346,7 +355,12 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
         where = f"models[{model.name!r}]"
         settings = _merge(spec.defaults, model)
         model_path = _local_model_dir(model.model, base_dir)
-        hf_config = _read_model_config(model_path, file, where) if model_path else None
+        if model_path:
+            hf_config = _read_model_config(model_path, file, where)
+        elif cached := cached_file(model.model, "config.json", model.revision):
+            hf_config = _read_config_file(cached, file, where)
+        else:
+            hf_config = None
         axes = model.matrix
         try:
             swept = axes.engine_axes()
@@ -418,6 +432,10 @@ def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]
     config = model_dir / "config.json"
     if not config.is_file():
         raise MatrixError(file, where + ".model", f"local model dir has no config.json: {model_dir}")
+    return _read_config_file(config, file, where)
+
+
+def _read_config_file(config: Path, file: str, where: str) -> dict[str, Any]:
     try:
         data = json.loads(config.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

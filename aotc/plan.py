@@ -6,16 +6,32 @@ backend pads differently): its ``RunnerSpec.buckets`` module, imported without a
 
 from __future__ import annotations
 
+from typing import Any
+
 from aotc.graphs import BuildPlan, GraphSpec
+from aotc.hf_cache import download_hint, hub_cache_dir
 from aotc.matrix import Entry, hf_config
 
-__all__ = ["BuildPlan", "GraphSpec", "hf_config", "plan_entry", "plan_entries"]
+__all__ = ["BuildPlan", "GraphSpec", "hf_config", "model_config_source", "plan_entry", "plan_entries"]
 
 
 def plan_entry(entry: Entry) -> BuildPlan:
     runner = entry.backend
     graphs = tuple(runner.capture_plan(entry, hf_config(entry)))
-    return BuildPlan(entry, graphs, runner.bucket_summary(entry))
+    return BuildPlan(entry, graphs, runner.bucket_summary(entry), model_config_source(entry))
+
+
+def model_config_source(entry: Entry) -> dict[str, Any]:
+    """Where the plan read the model's config.json. Without one, a plan is only as right as for a dense text
+    model: a MoE, vision or drafting model's own graphs and the stack's refusals need its config."""
+    if entry.model_path:
+        return {"source": "local", "path": str(entry.model_config_path)}
+    if path := entry.readable_config_path:
+        return {"source": "huggingface-cache", "path": str(path)}
+    return {"source": "unavailable",
+            "reason": f"{entry.model}@{entry.revision}: config.json is not in the Hugging Face cache "
+                      f"({hub_cache_dir()}); planned from the matrix alone",
+            "hint": download_hint(entry.model, entry.revision)}
 
 
 def plan_entries(entries: list[Entry]) -> list[BuildPlan]:

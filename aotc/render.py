@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 def render_plans(plans: list[BuildPlan], console) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     for plan in plans:
         table = Table(title=f"{plan.entry.name}  ({plan.entry.runner}, {plan.entry.device})",
@@ -40,8 +41,17 @@ def render_plans(plans: list[BuildPlan], console) -> None:
         table.add_section()
         table.add_row("total", str(len(plan.graphs)), "; ".join(f"{k}={v}" for k, v in plan.buckets.items()))
         console.print(table)
+    for reason, hint in dict.fromkeys(_unavailable_configs(plans)):
+        console.print(Text(f"{reason}: a MoE, vision or drafting model plans more graphs; `{hint}` makes its "
+                           "config available offline", style="yellow"), soft_wrap=True)  # one line to grep
     if len(plans) > 1:
         console.print(f"{len(plans)} entries, {sum(len(p.graphs) for p in plans)} graphs in all")
+
+
+def _unavailable_configs(plans: list[BuildPlan]) -> list[tuple[str, str]]:
+    """One warning per model and revision whose config.json this machine lacks."""
+    return [(p.model_config["reason"], p.model_config["hint"]) for p in plans
+            if p.model_config and p.model_config["source"] == "unavailable"]
 
 
 def _shape_summary(specs: list[GraphSpec]) -> str:

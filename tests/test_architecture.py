@@ -19,7 +19,8 @@ PACKAGE = REPO / "aotc"
 BACKENDS = ("aotc.runners.vllm_tpu", "aotc.runners.tpu_inference")
 INTERFACE = "aotc.runners"
 # Data types and helpers every layer may use; each imports only other leaves and the runner spec.
-LEAVES = frozenset({"aotc.errors", "aotc.files", "aotc.processes", "aotc.engine_args", "aotc.graphs", "aotc.matrix"})
+LEAVES = frozenset({"aotc.errors", "aotc.files", "aotc.processes", "aotc.engine_args", "aotc.graphs", "aotc.matrix",
+                    "aotc.hf_cache"})
 
 
 def module_name(path: Path) -> str:

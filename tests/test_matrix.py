@@ -1,8 +1,11 @@
 """The matrix: expansion, names, and a corpus of malformed configs, each with its own one-line reason."""
 
+import math
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from aotc.cli import main
 from aotc.errors import MatrixError
@@ -82,10 +85,13 @@ def test_local_model_resolved_relative_to_config():
 
 
 def test_example_configs_load():
+    raw = yaml.safe_load((CONFIGS / "example-tpu.yaml").read_text())
     example = load_matrix(CONFIGS / "example-tpu.yaml")
     assert example.store == "gs://my-bucket/aotc"
-    assert len(example.entries) == 24
-    assert {e.model_name for e in example.entries} == {"llama31-8b", "qwen25-7b"}
+    assert len(example.entries) == sum(math.prod(map(len, m["matrix"].values())) for m in raw["models"])
+    assert [e.model_name for e in example.entries] == [m["name"] for m in raw["models"]
+                                                       for _ in range(math.prod(map(len, m["matrix"].values())))]
+    assert all(re.fullmatch("[0-9a-f]{40}", e.revision) for e in example.entries)  # pinned to commits
 
 
 def test_matrix_error_is_a_value_error():

@@ -61,6 +61,9 @@ class RunnerSpec:
     """Module run as ``python -m <module>`` with an entry's JSON on stdin that prints ``{"kv_blocks": N}``: the
     KV page count the stack itself sizes for the entry on its device (aotc/kv.py); its ``SIZING_ENV`` names
     the variables that sizing reads besides the fingerprint's. None: the full-length rule (``kv_page_size``)."""
+    loads_models: bool = True
+    """The stack loads the matrix's model as vLLM does (a hub id from the Hugging Face hub): a build fetches a hub
+    model's config.json, which the plan reads, before planning. False for a runner without a model."""
     twin_modules: tuple[str, ...] = ()
     """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
     its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""

@@ -299,3 +299,38 @@ def test_untied_jax_qwen2_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_pa
         if refused:
             assert "JAX Qwen2ForCausalLM cannot build an untied lm_head" in plan.stderr
             assert "MODEL_IMPL_TYPE: vllm" in plan.stderr and len(plan.stderr.strip().splitlines()) == 1
+
+
+def test_a_hub_vision_model_plans_from_its_config_in_the_hugging_face_cache(jax_env, tmp_path):
+    """Qwen2.5-VL named by hub id, offline: with its config.json in the Hugging Face cache (as `hf download`
+    leaves it) the plan is the one its local copy gets, vision families included; without it, the text-only
+    plan, said so."""
+    import json
+
+    from tests.conftest import run_aotc
+    from tests.test_hf_cache import cache_model
+
+    model, commit = "Qwen/Qwen2.5-VL-7B-Instruct", "cc594898137f460bfe9f0759e9844b3ce807cfb5"
+    local = REPO / "configs" / "models" / "tiny-qwen2_5-vl"
+    body = ("engine: {num_gpu_blocks_override: 64, limit_mm_per_prompt: {image: 2, video: 0}}, "
+            "matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}")
+    plans = {}
+    for name, model_line in (("local", f"model: {local}"), ("hub", f"model: {model}, revision: {commit}")):
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(f"defaults: {{runner: tpu-inference, device: cpu}}\n"
+                          f"models: [{{name: vl, {model_line}, {body}}}]\n")
+        plans[name] = config
+    env = {**jax_env, "HF_HUB_CACHE": str(tmp_path / "hub")}
+
+    def graphs(config):
+        proc = run_aotc("plan", config, "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        entry, = json.loads(proc.stdout)["entries"]
+        return entry["model_config"]["source"], entry["graphs"]
+
+    source, expected = graphs(plans["local"])
+    assert source == "local" and {"image_encoder", "place_encoder_rows"} <= {g["family"] for g in expected}
+    source, text_only = graphs(plans["hub"])
+    assert source == "unavailable" and not {g["family"] for g in text_only} & {"image_encoder", "place_encoder_rows"}
+    cache_model(tmp_path / "hub", model, commit, local / "config.json")
+    assert graphs(plans["hub"]) == ("huggingface-cache", expected)

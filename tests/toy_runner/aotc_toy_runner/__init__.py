@@ -26,4 +26,5 @@ SPEC = ToyRunner(
     packages=("pyyaml",),
     env_vars=("AOTC_TOY_SALT",),
     devices=("cpu",),
+    loads_models=False,
 )
