@@ -67,6 +67,19 @@ ZOO: dict[str, dict] = {
     # vLLM serves as its own draft (method: mtp -> MiMoMTPModel). model_type qwen2: transformers knows no "mimo";
     # vLLM picks the MTP draft from the architecture (SpeculativeConfig.hf_config_override).
     "tiny-mimo": {"architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1},
+    # Gemma 4 text, tpu-inference's own JAX model (it reads `text_config`): sliding and full layers with their
+    # own head sizes (global_head_dim), per-layer inputs beside the embeddings, tied embeddings, soft-capped logits.
+    "tiny-gemma4": {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4",
+                    "text_config": {**{k: v for k, v in COMMON.items() if not k.startswith("rope")},
+                                    "model_type": "gemma4_text", "hidden_activation": "gelu_pytorch_tanh",
+                                    "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 32,
+                                    "global_head_dim": 32, "hidden_size_per_layer_input": 16,
+                                    "vocab_size_per_layer_input": 512, "final_logit_softcapping": 30.0,
+                                    "tie_word_embeddings": True, "rope_parameters": {
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                           "rope_theta": 1000000.0}}},
+                    "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
     "tiny-llama-8-layers": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
                             "attention_bias": False, "mlp_bias": False},
 }
