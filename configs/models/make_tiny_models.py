@@ -28,6 +28,8 @@ COMMON = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
     "torch_dtype": "bfloat16",
 }
+# A field's value in ZOO that removes a COMMON key the architecture's config does not have.
+OMIT = object()
 # MoE sizes: a multiple of 16 tokens x top-k reaches the grouped matmuls of every backend.
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True}
 
@@ -80,6 +82,15 @@ ZOO: dict[str, dict] = {
                                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                            "rope_theta": 1000000.0}}},
                     "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
+    # DeepSeek V3: multi-head latent attention (low-rank q and kv, a shared rope key), sigmoid-scored grouped
+    # routing over 8 experts plus a shared one, the first layer dense. Planned; not built on the twin yet.
+    "tiny-deepseek-v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "head_dim": OMIT,
+                         "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                         "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+                         "num_experts_per_tok": 2, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
+                         "moe_layer_freq": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                         "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+                         "attention_bias": False},
     "tiny-llama-8-layers": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
                             "attention_bias": False, "mlp_bias": False},
 }
@@ -122,6 +133,7 @@ def write(name: str, fields: dict, tokenizer: bool = True) -> Path:
     out.mkdir(exist_ok=True)
     # A config that nests its text model (text_config) holds the common sizes there only.
     config = fields if "text_config" in fields else {**COMMON, **fields}
+    config = {key: value for key, value in config.items() if value is not OMIT}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for file in TOKENIZER_FILES if tokenizer else ():
         shutil.copyfile(TOKENIZER / file, out / file)

@@ -334,3 +334,66 @@ def test_a_hub_vision_model_plans_from_its_config_in_the_hugging_face_cache(jax_
     assert source == "unavailable" and not {g["family"] for g in text_only} & {"image_encoder", "place_encoder_rows"}
     cache_model(tmp_path / "hub", model, commit, local / "config.json")
     assert graphs(plans["hub"]) == ("huggingface-cache", expected)
+
+
+MLA_FACTS = """
+import json, os, sys, types
+import vllm.config  # the convertor module and vllm.config import each other: config first, as vLLM does
+from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+cases = json.loads(sys.argv[1])
+facts = {"is_mla": {}, "refused": {}}
+for model_type, fields in cases["types"]:
+    convertor = object.__new__(ModelArchConfigConvertorBase)
+    convertor.hf_text_config = types.SimpleNamespace(model_type=model_type, **fields)
+    facts["is_mla"][json.dumps([model_type, fields])] = bool(convertor.is_deepseek_mla())
+from vllm.engine.arg_utils import EngineArgs
+for label, design, extra in cases["settings"]:
+    os.environ["NEW_MODEL_DESIGN"] = design
+    try:
+        EngineArgs(model=cases["model"], load_format="dummy", max_model_len=128, max_num_seqs=8,
+                   max_num_batched_tokens=64, num_gpu_blocks_override=65, additional_config=extra).create_engine_config()
+        facts["refused"][label] = None
+    except Exception as exc:
+        facts["refused"][label] = str(exc)
+print(json.dumps(facts))
+"""
+
+
+def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
+    """TpuPlatform refuses an MLA model (DeepSeek V3 here) unless NEW_MODEL_DESIGN=1 and DP attention are both
+    set: the plan refuses exactly the settings the stack refuses, one line, exit 2; and the rule's MLA test is
+    vLLM's own (is_deepseek_mla) over every model type it names and a few it does not."""
+    import json
+    import subprocess
+
+    from aotc.runners.tpu_inference import rules
+    from tests.conftest import run_aotc
+
+    model = REPO / "configs" / "models" / "tiny-deepseek-v3"
+    dp_attention = {"sharding": {"sharding_strategy": {"enable_dp_attention": True}}}
+    settings = [("neither", "0", {}), ("design only", "1", {}), ("dp attention only", "0", dp_attention),
+                ("both", "1", dp_attention)]
+    types = [(t, {"kv_lora_rank": 32}) for t in sorted(rules.MLA_MODEL_TYPES)]
+    types += [(t, {"kv_lora_rank": None}) for t in ("deepseek_v3", "kimi_k2")]
+    types += [(t, {"kv_lora_rank": 32}) for t in ("llama", "qwen3_moe", "deepseek", "gpt_oss")]
+    types += [("deepseek_v4", {"compress_ratios": [4], "head_dim": 64}), ("deepseek_v4", {"compress_ratios": [4], "head_dim": None})]
+    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", MLA_FACTS,
+                           json.dumps({"types": types, "settings": settings, "model": str(model)})],
+                          capture_output=True, text=True, timeout=900, env={**jax_env, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    for model_type, fields in types:
+        assert rules.uses_mla({"model_type": model_type, **fields}) == facts["is_mla"][json.dumps([model_type, fields])], model_type
+    for label, design, extra in settings:
+        stack_refuses = "MLA models require" in (facts["refused"][label] or "")
+        assert stack_refuses == (label != "both"), (label, facts["refused"][label])
+        config = tmp_path / "m.yaml"
+        config.write_text(f"defaults: {{runner: tpu-inference, device: cpu}}\n"
+                          f"models: [{{name: ds, model: {model}, env: {{NEW_MODEL_DESIGN: {design}}}, "
+                          f"engine: {{num_gpu_blocks_override: 65, additional_config: {json.dumps(extra)}}}, "
+                          "matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}]\n")
+        plan = run_aotc("plan", config, env=jax_env)
+        assert plan.returncode == (2 if stack_refuses else 0), (label, plan.stderr)
+        if stack_refuses:
+            assert "refuses an MLA model unless NEW_MODEL_DESIGN: 1" in plan.stderr
+            assert len(plan.stderr.strip().splitlines()) == 1
