@@ -141,7 +141,8 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     return BuildReport(tuple(results), time.perf_counter() - start)
 
 
-_FETCH_CONFIG = "import sys; from huggingface_hub import hf_hub_download; hf_hub_download(*sys.argv[1:3], revision=sys.argv[3])"
+_FETCH_CONFIG = ("import sys; from huggingface_hub import hf_hub_download; "
+                 "hf_hub_download(*sys.argv[1:3], revision=sys.argv[3])")
 
 
 def fetch_model_config(entry: Entry) -> None:

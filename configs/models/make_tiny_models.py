@@ -33,6 +33,15 @@ OMIT = object()
 # MoE sizes: a multiple of 16 tokens x top-k reaches the grouped matmuls of every backend.
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True}
 
+GEMMA4_TEXT = {**{k: v for k, v in COMMON.items() if not k.startswith("rope")},
+               "model_type": "gemma4_text", "hidden_activation": "gelu_pytorch_tanh",
+               "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 32, "global_head_dim": 32,
+               "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 512, "final_logit_softcapping": 30.0,
+               "tie_word_embeddings": True,
+               "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                   "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                      "rope_theta": 1000000.0}}}
+
 ZOO: dict[str, dict] = {
     "tiny-qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **MOE,
                        "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
@@ -71,16 +80,7 @@ ZOO: dict[str, dict] = {
     "tiny-mimo": {"architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1},
     # Gemma 4 text, tpu-inference's own JAX model (it reads `text_config`): sliding and full layers with their
     # own head sizes (global_head_dim), per-layer inputs beside the embeddings, tied embeddings, soft-capped logits.
-    "tiny-gemma4": {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4",
-                    "text_config": {**{k: v for k, v in COMMON.items() if not k.startswith("rope")},
-                                    "model_type": "gemma4_text", "hidden_activation": "gelu_pytorch_tanh",
-                                    "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 32,
-                                    "global_head_dim": 32, "hidden_size_per_layer_input": 16,
-                                    "vocab_size_per_layer_input": 512, "final_logit_softcapping": 30.0,
-                                    "tie_word_embeddings": True, "rope_parameters": {
-                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                                           "rope_theta": 1000000.0}}},
+    "tiny-gemma4": {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4", "text_config": GEMMA4_TEXT,
                     "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
     # DeepSeek V3: multi-head latent attention (low-rank q and kv, a shared rope key), sigmoid-scored grouped
     # routing over 8 experts plus a shared one, the first layer dense. Planned; not built on the twin yet.
@@ -99,6 +99,13 @@ ZOO: dict[str, dict] = {
 # (target_hidden_size), logits over a draft vocabulary mapped into the target's (draft_vocab_size). vLLM names
 # the architecture Eagle3<arch> (EAGLEConfig), tpu-inference's Eagle3LlamaForCausalLM.
 DRAFTS: dict[str, dict] = {
+    # Gemma 4's MTP assistant (vLLM: method mtp, model_type gemma4_assistant -> gemma4_mtp): Gemma 4 text layers
+    # without per-layer inputs that read the target's KV cache (every layer KV-shared), over the target's hidden.
+    "tiny-gemma4-assistant": {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
+                              "text_config": {**GEMMA4_TEXT, "hidden_size_per_layer_input": 0,
+                                              "vocab_size_per_layer_input": 0, "num_kv_shared_layers": 2},
+                              "backbone_hidden_size": COMMON["hidden_size"], "tie_word_embeddings": True,
+                              "torch_dtype": "bfloat16"},
     "tiny-llama-eagle3": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
                           "target_hidden_size": COMMON["hidden_size"], "draft_vocab_size": 256},
 }

@@ -1,7 +1,8 @@
-"""Engine features on the CPU twin, through the real CLI: speculative decoding (ngram, eagle3, MTP), data parallel 2 and
-async scheduling off (configs/features-jax.yaml) each build with every planned graph compiled, and a fresh server's
-verify finds every graph it compiles in the artifact. Expected counts come from the plan (tests/tpu_inference/test_plan_jax.py
-ties it to tpu-inference's own capture_model), never from a previous run."""
+"""Engine features on the CPU twin, through the real CLI: speculative decoding (ngram, eagle3, MTP, Gemma 4's MTP
+assistant), data parallel 2 and async scheduling off (configs/features-jax.yaml) each build with every planned
+graph compiled, and a fresh server's verify finds every graph it compiles in the artifact. Expected counts come
+from the plan (tests/tpu_inference/test_plan_jax.py ties it to tpu-inference's own capture_model), never from a
+previous run."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from .test_build_verify_jax import aotc
 
 CONFIG = REPO / "configs" / "features-jax.yaml"
 MATRIX = load_matrix(CONFIG)
-NGRAM, EAGLE3, MTP, DP2, ASYNC_OFF = (f"{name}--len128-seqs8-tok64-tp1"
-                                     for name in ("ngram", "eagle3", "mtp", "dp2", "async-off"))
+NGRAM, EAGLE3, MTP, GEMMA4_MTP, DP2, ASYNC_OFF = (f"{name}--len128-seqs8-tok64-tp1" for name in
+                                                 ("ngram", "eagle3", "mtp", "gemma4-mtp", "dp2", "async-off"))
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_the_twin_compiles_jits_that_name_tpu_only_compiler_options(jax_env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, DP2, ASYNC_OFF])
+@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, GEMMA4_MTP, DP2, ASYNC_OFF])
 def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(jax_env, built, name):
     entry = built[name]
     assert entry["ok"] and entry["graphs_with_keys"] == entry["planned"] == len(plan(name).graphs), entry["problems"]
@@ -120,7 +121,8 @@ def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(
 
 STRUCTURED = {"structured_choice", "structured_regex", "structured_json"}
 # what each entry has no means for (no adapters, no images; no draft tokens; structured outputs at dp > 1)
-LACKING = {NGRAM: {"lora", "images"}, EAGLE3: {"lora", "images"}, MTP: {"lora", "images"}, DP2: {"lora", "images", "speculative"} | STRUCTURED,
+LACKING = {NGRAM: {"lora", "images"}, EAGLE3: {"lora", "images"}, MTP: {"lora", "images"},
+           GEMMA4_MTP: {"lora", "images"}, DP2: {"lora", "images", "speculative"} | STRUCTURED,
            ASYNC_OFF: {"lora", "images", "speculative"}}
 
 
@@ -133,7 +135,7 @@ def speculative_unserved_kinds() -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, DP2, ASYNC_OFF])
+@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, GEMMA4_MTP, DP2, ASYNC_OFF])
 def test_feature_canary_compiles_nothing_after_ready(jax_env, built, tmp_path, name):
     """The stock server with the feature, from the published artifact, under vLLM's load generator and every
     request kind the entry can take: nothing compiles after ready, every request served or refused by the stack."""

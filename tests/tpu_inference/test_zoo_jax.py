@@ -108,9 +108,8 @@ print(json.dumps(sorted(model_loader._MODEL_REGISTRY)))
 # tpu-inference's JAX architectures the twins do not build yet, each with the reason (README: the support table).
 NOT_YET = {
     "DeepseekV3ForCausalLM": "dummy weights are refused on its production MoE backends, and its MLA kernel has no twin",
-    "Llama4ForConditionalGeneration": "a vision model (tpu-inference serves it as LlamaGuard 4): its families are not planned",
+    "Llama4ForConditionalGeneration": "a vision model (tpu-inference serves it as LlamaGuard 4): families not planned",
     "Gemma4ForConditionalGeneration": "a vision model: its families are not planned",
-    "Gemma4MTPModel": "Gemma 4's MTP drafter: not planned",
     "DFlashForCausalLM": "DFlash drafting: not planned",
     "DFlashDraftModel": "DFlash drafting: not planned",
 }
@@ -119,7 +118,8 @@ BUILT_MATRICES = ("zoo-jax.yaml", "demo-jax.yaml", "features-jax.yaml", "multimo
 
 
 def built_architectures() -> set[str]:
-    """Every architecture a suite matrix builds: its models', and an EAGLE-3 draft's as vLLM names it."""
+    """Every architecture a suite matrix builds: its models', and a draft's as vLLM names it (EAGLE-3:
+    Eagle3<arch>; a Gemma 4 assistant: Gemma4MTPModel, SpeculativeConfig.hf_config_override)."""
     from aotc.matrix import hf_config
 
     found: set[str] = set()
@@ -127,9 +127,11 @@ def built_architectures() -> set[str]:
         for entry in load_matrix(REPO / "configs" / name, check_stack=False).entries:
             found.update(hf_config(entry)["architectures"])
             spec = entry.engine.get("speculative_config") or {}
+            draft = json.loads((Path(spec["model"]) / "config.json").read_text()) if spec.get("model") else {}
             if spec.get("method") == "eagle3":
-                draft = json.loads((Path(spec["model"]) / "config.json").read_text())
                 found.update(f"Eagle3{arch}" for arch in draft["architectures"])
+            if spec.get("method") == "mtp" and draft.get("model_type") == "gemma4_assistant":
+                found.add("Gemma4MTPModel")
     return found
 
 
