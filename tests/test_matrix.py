@@ -88,9 +88,9 @@ def test_example_configs_load():
     raw = yaml.safe_load((CONFIGS / "example-tpu.yaml").read_text())
     example = load_matrix(CONFIGS / "example-tpu.yaml")
     assert example.store == "gs://my-bucket/aotc"
-    assert len(example.entries) == sum(math.prod(map(len, m["matrix"].values())) for m in raw["models"])
-    assert [e.model_name for e in example.entries] == [m["name"] for m in raw["models"]
-                                                       for _ in range(math.prod(map(len, m["matrix"].values())))]
+    # one entry per combination of each model's axis values, model by model
+    cells = {m["name"]: math.prod(map(len, m["matrix"].values())) for m in raw["models"]}
+    assert [e.model_name for e in example.entries] == [name for name, count in cells.items() for _ in range(count)]
     assert all(re.fullmatch("[0-9a-f]{40}", e.revision) for e in example.entries)  # pinned to commits
 
 

@@ -263,6 +263,22 @@ def test_plan_refuses_multimodal_architectures_it_does_not_follow():
         buckets.capture_plan(entry, config)
 
 
+def assert_plan_verdict(tmp_path, jax_env, model_fields: str, refused: bool, *reasons: str) -> None:
+    """`aotc plan` on a one-entry matrix at the twin's tiny shapes (``model_fields``: the model's YAML keys before
+    its matrix) plans (exit 0) or refuses in one line naming every one of ``reasons`` (exit 2)."""
+    from tests.conftest import run_aotc
+
+    config = tmp_path / "m.yaml"
+    config.write_text("defaults: {runner: tpu-inference, device: cpu, engine: {num_gpu_blocks_override: 65}}\n"
+                      f"models: [{{name: m, {model_fields}, matrix: {{max_model_len: [128], max_num_seqs: [8], "
+                      "max_num_batched_tokens: [64]}}]\n")
+    plan = run_aotc("plan", config, env=jax_env)
+    assert plan.returncode == (2 if refused else 0), (model_fields, plan.stderr)
+    if refused:
+        assert all(reason in plan.stderr for reason in reasons), plan.stderr
+        assert len(plan.stderr.strip().splitlines()) == 1, plan.stderr
+
+
 UNTIED_QWEN2 = """
 import inspect, json
 from transformers import AutoConfig
@@ -280,25 +296,16 @@ def test_untied_jax_qwen2_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_pa
     import json
     import subprocess
 
-    from tests.conftest import run_aotc
-
     model = REPO / "configs" / "models" / "tiny-qwen2"
     proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", UNTIED_QWEN2.format(model=str(model))],
                           capture_output=True, text=True, timeout=600, env={**jax_env, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert facts == {"reads_text_config": True, "has_text_config": False, "tied": False}
-    for extra, refused in (("", True), ("engine: {hf_overrides: {tie_word_embeddings: true}}, ", False),
-                           ("env: {MODEL_IMPL_TYPE: vllm}, ", False)):
-        config = tmp_path / "m.yaml"
-        config.write_text(f"defaults: {{runner: tpu-inference, device: cpu, engine: {{num_gpu_blocks_override: 65}}}}\n"
-                          f"models: [{{name: q, model: {model}, {extra}matrix: {{max_model_len: [128], "
-                          "max_num_seqs: [8], max_num_batched_tokens: [64]}}]\n")
-        plan = run_aotc("plan", config, env=jax_env)
-        assert plan.returncode == (2 if refused else 0), (extra, plan.stderr)
-        if refused:
-            assert "JAX Qwen2ForCausalLM cannot build an untied lm_head" in plan.stderr
-            assert "MODEL_IMPL_TYPE: vllm" in plan.stderr and len(plan.stderr.strip().splitlines()) == 1
+    for extra, refused in (("", True), (", engine: {hf_overrides: {tie_word_embeddings: true}}", False),
+                           (", env: {MODEL_IMPL_TYPE: vllm}", False)):
+        assert_plan_verdict(tmp_path, jax_env, f"model: {model}{extra}", refused,
+                            "JAX Qwen2ForCausalLM cannot build an untied lm_head", "MODEL_IMPL_TYPE: vllm")
 
 
 def test_a_hub_vision_model_plans_from_its_config_in_the_hugging_face_cache(jax_env, tmp_path):
@@ -368,7 +375,6 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
     import subprocess
 
     from aotc.runners.tpu_inference import rules
-    from tests.conftest import run_aotc
 
     model = REPO / "configs" / "models" / "tiny-deepseek-v3"
     dp_attention = {"sharding": {"sharding_strategy": {"enable_dp_attention": True}}}
@@ -389,13 +395,6 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
     for label, design, extra in settings:
         stack_refuses = "MLA models require" in (facts["refused"][label] or "")
         assert stack_refuses == (label != "both"), (label, facts["refused"][label])
-        config = tmp_path / "m.yaml"
-        config.write_text(f"defaults: {{runner: tpu-inference, device: cpu}}\n"
-                          f"models: [{{name: ds, model: {model}, env: {{NEW_MODEL_DESIGN: {design}}}, "
-                          f"engine: {{num_gpu_blocks_override: 65, additional_config: {json.dumps(extra)}}}, "
-                          "matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}]\n")
-        plan = run_aotc("plan", config, env=jax_env)
-        assert plan.returncode == (2 if stack_refuses else 0), (label, plan.stderr)
-        if stack_refuses:
-            assert "refuses an MLA model unless NEW_MODEL_DESIGN: 1" in plan.stderr
-            assert len(plan.stderr.strip().splitlines()) == 1
+        assert_plan_verdict(tmp_path, jax_env, f"model: {model}, env: {{NEW_MODEL_DESIGN: {design}}}, "
+                            f"engine: {{additional_config: {json.dumps(extra)}}}", stack_refuses,
+                            "refuses an MLA model unless NEW_MODEL_DESIGN: 1")

@@ -36,8 +36,7 @@ def untied_jax_qwen2(entry, hf_config: dict | None) -> list[str]:
 # vLLM 0.32's ModelArchConfigConvertorBase.is_deepseek_mla: the text config's model types that take the MLA path
 # when they set kv_lora_rank (a DeepSeek V4 config with compress_ratios: when it sets head_dim)
 MLA_MODEL_TYPES = frozenset({"axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41",
-                             "dots3_note",
-                             "deepseek_mtp", "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa",
+                             "dots3_note", "deepseek_mtp", "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa",
                              "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
                              "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp",
                              "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp"})
@@ -56,9 +55,10 @@ def mla_settings(entry, hf_config: dict | None) -> list[str]:
     NEW_MODEL_DESIGN=1 and DP attention are set: the server never starts otherwise."""
     if not uses_mla(hf_config):
         return []
+    new_model_design = bool(int(entry.env.get("NEW_MODEL_DESIGN") or 0))
     sharding = (additional_config(entry).get("sharding") or {}).get("sharding_strategy") or {}
-    if int(entry.env.get("NEW_MODEL_DESIGN") or 0) and sharding.get("enable_dp_attention"):
+    if new_model_design and sharding.get("enable_dp_attention"):
         return []
-    key = "env.NEW_MODEL_DESIGN" if not int(entry.env.get("NEW_MODEL_DESIGN") or 0) else "engine.additional_config"
+    key = "engine.additional_config" if new_model_design else "env.NEW_MODEL_DESIGN"
     return [f"{key}: tpu-inference 0.32 refuses an MLA model unless NEW_MODEL_DESIGN: 1 is set and additional_config "
             "has {sharding: {sharding_strategy: {enable_dp_attention: true}}} (TpuPlatform.check_and_update_config)"]
