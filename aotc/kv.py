@@ -23,8 +23,7 @@ from aotc.errors import BadInput
 from aotc.files import canonical_json
 from aotc.matrix import Entry
 from aotc.runners.flags import FLAG_ENV_VARS
-
-OVERRIDE = "num_gpu_blocks_override"
+from aotc.runners.kv_sizing import OVERRIDE
 SIZING_TIMEOUT = 900
 
 

@@ -192,17 +192,18 @@ class Server:
         finally:
             _reap_group(pgid)
 
-    def tail(self, lines: int = 40) -> str:
+    def log_text(self) -> str | None:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
-            return ""
+            return None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join((self.log_text() or "").splitlines()[-lines:])
 
     def cause(self) -> str:
-        try:
-            return cause_line(self.log_path.read_text(errors="replace"))
-        except OSError:
-            return "no log"
+        text = self.log_text()
+        return "no log" if text is None else cause_line(text)
 
     def __enter__(self) -> Server:
         return self

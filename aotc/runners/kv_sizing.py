@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+# The engine argument that pins the page count (vLLM's CacheConfig.num_gpu_blocks_override); aotc/kv.py reads it here.
 OVERRIDE = "num_gpu_blocks_override"
 
 
