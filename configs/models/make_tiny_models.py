@@ -54,6 +54,9 @@ ZOO: dict[str, dict] = {
     "tiny-mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
                      "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "output_router_logits": False},
     "tiny-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False},
+    # Tied embeddings, as Qwen3 up to 4B: the target tpu-inference's DFlash drafter can share its head with.
+    "tiny-qwen3-tied": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+                        "tie_word_embeddings": True},
     "tiny-qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
     # tpu-inference's JAX Llama 4 reads the text model from `text_config` (top-1 routed expert plus a shared
     # one, every 4th layer without RoPE); no vision_config: the text-only architecture.
@@ -106,6 +109,12 @@ DRAFTS: dict[str, dict] = {
                                               "vocab_size_per_layer_input": 0, "num_kv_shared_layers": 2},
                               "backbone_hidden_size": COMMON["hidden_size"], "tie_word_embeddings": True,
                               "torch_dtype": "bfloat16"},
+    # DFlash (block diffusion) drafts as z-lab publishes them: Qwen3 layers that denoise a block of mask
+    # tokens in one pass, reading the target's hidden states at target_layer_ids; block_size is
+    # num_speculative_tokens + 1. tpu-inference's DFlashForCausalLM.
+    "tiny-qwen3-dflash": {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": 1,
+                          "attention_bias": False, "block_size": 3,
+                          "dflash_config": {"mask_token_id": 511, "target_layer_ids": [0, 1]}},
     "tiny-llama-eagle3": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
                           "target_hidden_size": COMMON["hidden_size"], "draft_vocab_size": 256},
 }

@@ -30,7 +30,7 @@ from tpu_inference.layers.common.sharding import MESH_AXIS_NAMES_2D  # noqa: E40
 from tpu_inference.runner.compilation_manager import CompilationManager, _describe_signature  # noqa: E402
 from tpu_inference.runner.tpu_runner import TPUModelRunner  # noqa: E402
 
-from aotc.runners.tpu_inference.instrument import family_of, shape_of  # noqa: E402
+from aotc.runners.tpu_inference.instrument import call_signature  # noqa: E402
 
 HIDDEN, VOCAB = 64, 256
 
@@ -39,7 +39,8 @@ def recorder(calls):
     def run_compilation(self, name, fn, *args, call_kwargs=None, warmup_handler=None, aot=True,
                         compile_only=False, **kwargs):
         # the stack's logged signature, with aotc's name for an image shape (which the log leaves out)
-        calls.append([family_of(name), {**_describe_signature(kwargs), **shape_of(kwargs)}])
+        family, shape = call_signature(name, kwargs)
+        calls.append([family, {**_describe_signature(kwargs), **shape}])
 
     return run_compilation
 
@@ -63,8 +64,12 @@ def stand_in_runner(case):
     dp, spec, multimodal = case["dp"], case["spec"], case.get("multimodal")
     speculative = None
     if spec:
+        # a DFlash draft's config: the target layers it reads (_precompile_dflash_helpers' aux states)
+        draft_hf_config = SimpleNamespace(hidden_size=HIDDEN, num_hidden_layers=1,
+                                          dflash_config={"target_layer_ids": [0, 1]})
         speculative = SimpleNamespace(num_speculative_tokens=spec["num_speculative_tokens"], method=spec["method"],
-                                      draft_model_config=SimpleNamespace(get_hidden_size=lambda: HIDDEN))
+                                      draft_model_config=SimpleNamespace(get_hidden_size=lambda: HIDDEN,
+                                                                         hf_config=draft_hf_config))
     model_config = SimpleNamespace(max_model_len=128, get_sliding_window=lambda: None, get_vocab_size=lambda: VOCAB,
                                    get_hidden_size=lambda: HIDDEN, uses_mrope=False, dtype="bfloat16",
                                    enforce_eager=False, max_logprobs=20, logprobs_mode="raw_logprobs")
@@ -88,7 +93,11 @@ def stand_in_runner(case):
         enable_continue_decode=False, lora_config=None, kv_caches=None, state_leaves=None,
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l0"])], has_mamba_layers=False),
         layer_name_to_kvcache_index={}, rng_params_for_sampling=None, model_fn=None, compute_logits_fn=None,
-        rejection_sampler=None, drafter=SimpleNamespace(propose=None, prepare_inputs=None),
+        rejection_sampler=None,
+        drafter=SimpleNamespace(propose=None, prepare_inputs=None,
+                                block_size=spec["num_speculative_tokens"] + 1 if spec else None),
+        input_batch=SimpleNamespace(block_table=[SimpleNamespace(
+            get_cpu_tensor=lambda: np.zeros((case["seqs"] * dp, 8), dtype=np.int32))]),
         _substitute_placeholder_token_fn=None, _select_from_array_fn=None, _extract_draft_token_ids=None,
         structured_decoding_manager=SimpleNamespace(structured_decode_fn=None),
         maybe_setup_dummy_loras=lambda *a: contextlib.nullcontext(),

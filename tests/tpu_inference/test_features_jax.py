@@ -1,5 +1,5 @@
 """Engine features on the CPU twin, through the real CLI: speculative decoding (ngram, eagle3, MTP, Gemma 4's MTP
-assistant), data parallel 2 and async scheduling off (configs/features-jax.yaml) each build with every planned
+assistant, DFlash), data parallel 2 and async scheduling off (configs/features-jax.yaml) each build with every planned
 graph compiled, and a fresh server's verify finds every graph it compiles in the artifact. Expected counts come
 from the plan (tests/tpu_inference/test_plan_jax.py ties it to tpu-inference's own capture_model), never from a
 previous run."""
@@ -21,8 +21,8 @@ from .test_build_verify_jax import aotc
 
 CONFIG = REPO / "configs" / "features-jax.yaml"
 MATRIX = load_matrix(CONFIG)
-NGRAM, EAGLE3, MTP, GEMMA4_MTP, DP2, ASYNC_OFF = (f"{name}--len128-seqs8-tok64-tp1" for name in
-                                                 ("ngram", "eagle3", "mtp", "gemma4-mtp", "dp2", "async-off"))
+NGRAM, EAGLE3, MTP, GEMMA4_MTP, DFLASH, DP2, ASYNC_OFF = (
+    f"{name}--len128-seqs8-tok64-tp1" for name in ("ngram", "eagle3", "mtp", "gemma4-mtp", "dflash", "dp2", "async-off"))
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,20 @@ def test_mtp_plan_lists_the_same_drafter_helpers_as_eagle3():
     assert {g.family for g in mtp.graphs if g.beyond_warmup} == {g.family for g in eagle3.graphs if g.beyond_warmup}
 
 
+def test_dflash_plan_proposes_per_token_and_attention_request_bucket():
+    """DFlash's drafter (tpu-inference's _precompile_dflash_helpers) compiles its proposal per token bucket x
+    attention request bucket and its input preparation per token bucket, with async scheduling on; its draft
+    and target are local dirs beside the matrix."""
+    dflash = plan(DFLASH)
+    families = dflash.families()
+    tokens, attn = dflash.buckets["token_paddings"], dflash.buckets["attention_request_paddings"]
+    assert families["drafter_propose"] == len(tokens) * len(attn)
+    assert families["drafter_prepare_inputs"] == len(tokens)
+    assert "substitute_placeholder_token" in families  # async scheduling on
+    assert {g.family for g in dflash.graphs if g.beyond_warmup} == {g.family for g in plan(EAGLE3).graphs
+                                                                    if g.beyond_warmup}
+
+
 TPU_OPTION_JITS = """
 import jax, jax.numpy as jnp
 from aotc.runners.tpu_inference.twin import jit_without_tpu_options
@@ -111,7 +125,7 @@ def test_the_twin_compiles_jits_that_name_tpu_only_compiler_options(jax_env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, GEMMA4_MTP, DP2, ASYNC_OFF])
+@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, GEMMA4_MTP, DFLASH, DP2, ASYNC_OFF])
 def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(jax_env, built, name):
     entry = built[name]
     assert entry["ok"] and entry["graphs_with_keys"] == entry["planned"] == len(plan(name).graphs), entry["problems"]
@@ -122,7 +136,7 @@ def test_feature_entry_builds_every_planned_graph_and_verifies_with_zero_misses(
 STRUCTURED = {"structured_choice", "structured_regex", "structured_json"}
 # what each entry has no means for (no adapters, no images; no draft tokens; structured outputs at dp > 1)
 LACKING = {NGRAM: {"lora", "images"}, EAGLE3: {"lora", "images"}, MTP: {"lora", "images"},
-           GEMMA4_MTP: {"lora", "images"}, DP2: {"lora", "images", "speculative"} | STRUCTURED,
+           GEMMA4_MTP: {"lora", "images"}, DFLASH: {"lora", "images"}, DP2: {"lora", "images", "speculative"} | STRUCTURED,
            ASYNC_OFF: {"lora", "images", "speculative"}}
 
 
@@ -135,7 +149,7 @@ def speculative_unserved_kinds() -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, GEMMA4_MTP, DP2, ASYNC_OFF])
+@pytest.mark.parametrize("name", [NGRAM, EAGLE3, MTP, GEMMA4_MTP, DFLASH, DP2, ASYNC_OFF])
 def test_feature_canary_compiles_nothing_after_ready(jax_env, built, tmp_path, name):
     """The stock server with the feature, from the published artifact, under vLLM's load generator and every
     request kind the entry can take: nothing compiles after ready, every request served or refused by the stack."""

@@ -123,14 +123,16 @@ CAPTURE = Path(__file__).with_name("jax_capture.py")
 
 
 def feature_sweep() -> list[dict]:
-    """Speculative decoding (ngram, eagle3, mtp; 1..4 draft tokens), data parallelism 1/2/4, async scheduling as vLLM
+    """Speculative decoding (ngram, eagle3, mtp, dflash; 1..4 draft tokens), data parallelism 1/2/4, async scheduling as vLLM
     resolves it and explicitly off, over budgets on and between buckets."""
     rng = random.Random(9)
     cases = [{"seqs": 8, "tokens": 64, "gap": 0, "dp": dp, "spec": spec, "async": None}
              for dp in (1, 2) for spec in (None, {"method": "ngram", "num_speculative_tokens": 2},
-                                           {"method": "mtp", "num_speculative_tokens": 1})]
+                                           {"method": "mtp", "num_speculative_tokens": 1},
+                                           {"method": "dflash", "num_speculative_tokens": 2})]
     for _ in range(24):
-        spec = rng.choice([None, {"method": rng.choice(["ngram", "eagle3", "mtp"]), "num_speculative_tokens": rng.randint(1, 4)}])
+        spec = rng.choice([None, {"method": rng.choice(["ngram", "eagle3", "mtp", "dflash"]),
+                                  "num_speculative_tokens": rng.randint(1, 4)}])
         cases.append({"seqs": rng.randint(1, 64), "tokens": rng.choice([64, 100, 256, 512, 1500]),
                       "gap": rng.choice([0, 0, 64]), "dp": rng.choice([1, 2, 4]), "spec": spec,
                       "async": rng.choice([None, False])})
@@ -306,6 +308,28 @@ def test_untied_jax_qwen2_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_pa
                            (", env: {MODEL_IMPL_TYPE: vllm}", False)):
         assert_plan_verdict(tmp_path, jax_env, f"model: {model}{extra}", refused,
                             "JAX Qwen2ForCausalLM cannot build an untied lm_head", "MODEL_IMPL_TYPE: vllm")
+
+
+def test_dflash_untied_target_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_path):
+    """tpu-inference 0.32's DFlash drafter shares its target's lm_head through a lookup that, on an untied JAX
+    Qwen3 or Gemma 4, finds the head module instead of a parameter and dies reading its value. The rule's
+    architectures are exactly those where the stack's own lookup finds a module, and only when untied (Llama
+    keeps its head as a parameter); a DFlash entry on such a target is refused at plan (exit 2, one line), tied
+    it plans. When the stack fixes its lookup, the first assertion fails and the rule goes."""
+    from aotc.runners.tpu_inference.rules import JAX_HEAD_MODULE_TIED_BY_DEFAULT
+
+    models = REPO / "configs" / "models"
+    targets = [[str(models / name), tied] for name in ("tiny-qwen3", "tiny-gemma4", "tiny-llama")
+               for tied in (False, True)]
+    heads = run_jax(jax_env, CAPTURE.with_name("jax_dflash_heads.py"), {"targets": targets})["heads"]
+    assert {h["architecture"] for h in heads} >= set(JAX_HEAD_MODULE_TIED_BY_DEFAULT)
+    for head in heads:
+        refused_by_rule = head["architecture"] in JAX_HEAD_MODULE_TIED_BY_DEFAULT and not head["tied"]
+        assert head["head_is_module"] == refused_by_rule, head
+    dflash = f"speculative_config: {{method: dflash, model: {models / 'tiny-qwen3-dflash'}, num_speculative_tokens: 2}}"
+    for target, refused in (("tiny-qwen3", True), ("tiny-qwen3-tied", False)):
+        assert_plan_verdict(tmp_path, jax_env, f"model: {models / target}, engine: {{{dflash}}}", refused,
+                            "DFlash drafter cannot share the lm_head of an untied JAX Qwen3ForCausalLM")
 
 
 def test_a_hub_vision_model_plans_from_its_config_in_the_hugging_face_cache(jax_env, tmp_path):

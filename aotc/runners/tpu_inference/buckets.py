@@ -4,7 +4,7 @@ Re-implemented, not imported, so that `aotc plan` runs on the core's Python with
 tests/tpu_inference/test_plan_jax.py proves them equal to tpu-inference's own helpers under the JAX venv.
 Families are `CompilationManager._precompile_*` steps, named after the jitted function they compile;
 a shape is the scalar signature the manager logs for each `_run_compilation` ("Precompile X --> {...}").
-Covered: a text-only model; speculative decoding (ngram, eagle3, mtp: the spec-decode variants and
+Covered: a text-only model; speculative decoding (ngram, eagle3, mtp, dflash: the spec-decode variants and
 `_precompile_speculative_decoding`); data parallelism as tpu-inference runs it in one SPMD process
 (`total_dp_size`: every request and token bucket scales with it); async scheduling on or off; a vision-language model
 tpu-inference runs natively (Qwen2.5-VL: its vision encoder, the input-embeddings merger and the backbone over
@@ -35,9 +35,10 @@ PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneratio
 # dspark, dflash). Any other method (ngram) turns it off. tests/tpu_inference pins this to vLLM's own types.
 ASYNC_SPECULATIVE_METHODS = frozenset({"eagle", "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu",
                                        "draft_model", "dspark"})
-# Methods with a drafter whose jitted helpers the plan lists (CompilationManager._precompile_eagle3_helpers and
-# _precompile_mtp_helpers: the same two helpers per token bucket; MTP drafts with the target's own MTP layers).
-DRAFTER_METHODS = frozenset({"eagle3", "mtp"})
+# Methods with a drafter whose jitted helpers the plan lists (CompilationManager._precompile_eagle3_helpers,
+# _precompile_mtp_helpers and _precompile_dflash_helpers: a proposal and its input preparation per token bucket;
+# MTP drafts with the target's own MTP layers, DFlash proposes per token bucket x attention request bucket).
+DRAFTER_METHODS = frozenset({"eagle3", "mtp", "dflash"})
 PLANNED_SPECULATIVE_METHODS = frozenset({"ngram"}) | DRAFTER_METHODS
 
 
@@ -328,7 +329,10 @@ def speculative_decoding_graphs(p: dict[str, list[int]], method: str) -> list[Gr
     for n, r in every:
         graphs.append(GraphSpec.of("select_bonus_logits", num_logits=n, num_reqs=r))
         graphs += [GraphSpec.of("select_target_logits", num_logits=n)] if n in targets else []
-    if method in DRAFTER_METHODS:  # _precompile_eagle3_helpers / _precompile_mtp_helpers: one of each per token bucket
+    if method == "dflash":  # every proposal first, then the input preparations (once per token bucket)
+        graphs += [GraphSpec.of("drafter_propose", num_tokens=t, num_reqs=r) for t in tokens for r in p["attn_reqs"]]
+        graphs += [GraphSpec.of("drafter_prepare_inputs", num_tokens=t) for t in tokens]
+    elif method in DRAFTER_METHODS:  # _precompile_eagle3_helpers / _precompile_mtp_helpers: one of each per token bucket
         for t in tokens:
             graphs += [GraphSpec.of("drafter_propose", num_tokens=t), GraphSpec.of("drafter_prepare_inputs", num_tokens=t)]
     return graphs

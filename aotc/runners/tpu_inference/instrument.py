@@ -41,6 +41,19 @@ SELECT_FAMILY_OF_LABEL = {
 _RUN_COMPILATION_OPTIONS = {"call_kwargs", "warmup_handler", "aot", "compile_only"}
 
 
+# A name that carries shape scalars of its own: DFlash's warm-up names "drafter_propose (num_tokens=16)".
+_NAMED_SCALARS = re.compile(r"^(?P<name>.*?) \((?P<scalars>\w+=-?\d+(?:, \w+=-?\d+)*)\)$")
+
+
+def call_signature(name: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A `_run_compilation` call's family and shape: the name's own scalars, then the logged kwargs."""
+    named, scalars = _NAMED_SCALARS.match(name), {}
+    if named:
+        name = named["name"]
+        scalars = {key: int(value) for key, value in (pair.split("=") for pair in named["scalars"].split(", "))}
+    return family_of(name), {**scalars, **shape_of(kwargs)}
+
+
 def family_of(name: str) -> str:
     name = re.sub(r"^worker\d+ ", "", name)
     if selected := re.match(r"select_from_array \[(?:worker\d+ )?(.*)\]$", name):
@@ -81,7 +94,7 @@ def install(probe: Probe) -> None:
 def _measured_compilation(probe: Probe, run_compilation):
     @functools.wraps(run_compilation)
     def measured(self, name, fn, *args, **kwargs):
-        family, shape = family_of(name), shape_of(kwargs)
+        family, shape = call_signature(name, kwargs)
         queued = len(self._warmup_tasks)
         started = time.perf_counter()
         _pin_pool(probe, self)

@@ -4,7 +4,7 @@ plus tpu-inference's TpuPlatform's. Held against their code by tests/tpu_inferen
 from __future__ import annotations
 
 from aotc.runners import vllm_rules
-from aotc.runners.tpu_inference.buckets import additional_config
+from aotc.runners.tpu_inference.buckets import additional_config, speculative_config
 
 # tpu_inference.platforms.tpu_platform.TpuPlatform.supported_quantization
 QUANTIZATIONS = ("compressed-tensors", "auto_awq", "fp8", "gpt_oss_mxfp4", "modelopt_fp4", "deepseek_v4_fp8",
@@ -14,7 +14,14 @@ QUANTIZATIONS = ("compressed-tensors", "auto_awq", "fp8", "gpt_oss_mxfp4", "mode
 def validate(entry, hf_config: dict | None) -> list[str]:
     # CacheConfig.block_size is any positive int in vLLM 0.32 (the schema's minimum of 1 already says so)
     return (vllm_rules.common(entry, hf_config) + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform")
-            + untied_jax_qwen2(entry, hf_config) + mla_settings(entry, hf_config))
+            + untied_jax_qwen2(entry, hf_config) + mla_settings(entry, hf_config)
+            + dflash_untied_target(entry, hf_config))
+
+
+def on_jax_path(entry) -> bool:
+    """The model runs as tpu-inference's own JAX model (MODEL_IMPL_TYPE auto or flax_nnx; LoRA implies vLLM's)."""
+    return (str(entry.env.get("MODEL_IMPL_TYPE", "auto")).lower() in ("auto", "flax_nnx")
+            and not entry.engine.get("enable_lora"))
 
 
 def untied_jax_qwen2(entry, hf_config: dict | None) -> list[str]:
@@ -24,8 +31,8 @@ def untied_jax_qwen2(entry, hf_config: dict | None) -> list[str]:
     7B and up. vLLM's own Qwen2 (MODEL_IMPL_TYPE=vllm, through torchax) builds it."""
     if not hf_config or "Qwen2ForCausalLM" not in (hf_config.get("architectures") or []):
         return []
-    if str(entry.env.get("MODEL_IMPL_TYPE", "auto")).lower() not in ("auto", "flax_nnx") or entry.engine.get("enable_lora"):
-        return []  # vLLM's model (LoRA implies it)
+    if not on_jax_path(entry):
+        return []
     if hf_config.get("tie_word_embeddings", False) or "text_config" in hf_config:
         return []
     return ["env.MODEL_IMPL_TYPE: tpu-inference 0.32's JAX Qwen2ForCausalLM cannot build an untied lm_head (it reads "
@@ -62,3 +69,25 @@ def mla_settings(entry, hf_config: dict | None) -> list[str]:
     key = "engine.additional_config" if new_model_design else "env.NEW_MODEL_DESIGN"
     return [f"{key}: tpu-inference 0.32 refuses an MLA model unless NEW_MODEL_DESIGN: 1 is set and additional_config "
             "has {sharding: {sharding_strategy: {enable_dp_attention: true}}} (TpuPlatform.check_and_update_config)"]
+
+
+# JAX models whose untied lm_head is a module (JaxLmHead) at the top of their state, with their config's default
+# tie_word_embeddings (transformers' Qwen3Config, Gemma4Config)
+JAX_HEAD_MODULE_TIED_BY_DEFAULT = {"Qwen3ForCausalLM": False, "Gemma4ForCausalLM": True}
+
+
+def dflash_untied_target(entry, hf_config: dict | None) -> list[str]:
+    """tpu-inference 0.32's DFlashProposer.load_model shares the target's lm_head by taking the first of
+    TARGET_LM_HEAD_PATHS its state has, and reads `.value`: for a JAX Qwen3 or Gemma 4 with untied embeddings
+    (Qwen3 8B and up) that is "lm_head", the head module, not a parameter, and the server dies at start-up
+    (AttributeError: No attribute 'value' in State). A tied target (Qwen3 up to 4B) shares its embedding."""
+    method = (speculative_config(entry) or {}).get("method")
+    architectures = (hf_config or {}).get("architectures") or []
+    head_module = [a for a in architectures if a in JAX_HEAD_MODULE_TIED_BY_DEFAULT]
+    if method != "dflash" or not head_module or not on_jax_path(entry):
+        return []
+    if hf_config.get("tie_word_embeddings", JAX_HEAD_MODULE_TIED_BY_DEFAULT[head_module[0]]):
+        return []
+    return [f"engine.speculative_config: tpu-inference 0.32's DFlash drafter cannot share the lm_head of an untied "
+            f"JAX {head_module[0]} (DFlashProposer.load_model reads .value of the target's lm_head module: "
+            "AttributeError at start-up); a DFlash target on its JAX path needs tie_word_embeddings true"]

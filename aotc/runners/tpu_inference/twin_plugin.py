@@ -1,7 +1,7 @@
 """vLLM general-plugin entry point (group `vllm.general_plugins`) of the tpu-inference runner.
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), before the model
-runner is imported. Standard library only until it acts. It does three things:
+runner is imported. Standard library only until it acts. It does four things:
 
 * always, wherever tpu-inference is installed (a TPU pod too): collapse the flags tpu-inference prepends at
   import to one copy each (aotc/runners/flags.py), right after its `env_override` runs in this process, so
@@ -10,6 +10,8 @@ runner is imported. Standard library only until it acts. It does three things:
 * always, wherever tpu-inference is installed: the serving fixes (aotc/runners/tpu_inference/serving_fixes.py),
   which move per-request bookkeeping the stack runs as eager device ops to the host, so the build, verify
   and a pod compile the same graphs and a pod nothing per request.
+* always, wherever tpu-inference is installed: a dummy-weight engine's draft loads with dummy weights too
+  (aotc/runners/tpu_inference/dummy_weights.py); with real weights it never acts.
 * the CPU twin's patches, only when aotc asked for the twin (AOTC_JAX_CPU_TWIN=1): a real `vllm serve` on a
   TPU host must never see them.
 """
@@ -27,9 +29,11 @@ FLAG_PREPENDER = "tpu_inference.env_override"
 def register() -> None:
     collapse_stack_flags()
     if importlib.util.find_spec("tpu_inference") is not None:
+        from .dummy_weights import install as install_dummy_draft
         from .serving_fixes import install as install_serving_fixes
 
         install_serving_fixes()
+        install_dummy_draft()
     if os.environ.get(ENV_FLAG) != "1":
         return
     from .twin import install
