@@ -1,11 +1,13 @@
 """Under the JAX venv: each serving fix (aotc/runners/tpu_inference/serving_fixes.py) against the tpu-inference
 code it replaces, over random inputs: Qwen2.5-VL's M-RoPE positions (prompts of text, images and videos), its
 image encoder inputs (encoder batches of one to four images), and MultiModalManager.gather_mm_embeddings with
-the embedding padding after it (steps of random prefill chunks through prompts with images).
+the embedding padding after it (steps of random prefill chunks through prompts with images), and with dynamic
+image sizes the padded encoder's inputs and its image rows (random grids).
 
-stdin: {"config": model dir, "cases": n, "seed": s}
-stdout (last line): {"mrope": [mismatching cases], "images": [...], "gather": [...], "cases": n,
-                     "gathered_pieces": count, "host_types": [...], "patched": bool}
+stdin: {"config": model dir, "cases": n, "padded_cases": m, "seed": s}
+stdout (last line): {"mrope": [mismatching cases], "images": [...], "gather": [...], "padded_images": [...],
+                     "cases": n, "gathered_pieces": count, "patch_buckets": count, "host_types": [...],
+                     "patched": bool}
 """
 
 from __future__ import annotations
@@ -92,6 +94,62 @@ def check_images(rng, cases, fixes, stack) -> list:
     return mismatches
 
 
+def stack_vision(qwen2_5_vl, head_dim: int, window_size: int):
+    """The stack's Qwen2_5_VisionTransformer methods that build the padded encoder's inputs, over the
+    attributes they read (a real tower's sizes, no weights); its padded encoder a stand-in that depends on
+    every input (the merged rows in window order, scaled by the rotary table and the sequence bounds)."""
+    import types
+
+    cls = qwen2_5_vl.Qwen2_5_VisionTransformer
+    visual = SimpleNamespace(spatial_merge_size=MERGE, spatial_merge_unit=MERGE ** 2, window_size=window_size,
+                             patch_size=14, enable_dynamic_image_sizes=True,
+                             rotary_pos_emb=qwen2_5_vl.Qwen2_5_VisionRotaryEmbedding(head_dim // 2))
+    for name in ("rotary_pos_emb_thw", "get_window_index_thw", "get_rope_by_thw", "compute_aux_arrays",
+                 "pad_inputs", "__call__"):
+        setattr(visual, name, types.MethodType(getattr(cls, name), visual))
+
+    @jax.jit
+    def encode_padded(x, window_index, rotary, cu_seqlens, cu_window_seqlens):
+        merged = x.astype(jnp.float32).reshape(-1, MERGE ** 2, x.shape[-1]).sum(axis=1)[window_index]
+        scale = rotary.astype(jnp.float32).reshape(merged.shape[0], -1).sum(axis=1, keepdims=True)
+        return merged * (1 + scale) + cu_seqlens.sum() + cu_window_seqlens.sum()
+
+    visual.encode_padded_jit = encode_padded
+    return visual
+
+
+def check_padded_images(rng, cases, fixes, qwen2_5_vl) -> tuple[list, int]:
+    """Random grids (one image, as the stack's get_single_image_embedding hands them over, and several for
+    the aux arrays): the host inputs equal the stack's compute_aux_arrays + pad_inputs, array for array and
+    dtype for dtype, and the padded output's image rows equal the stack's sliced output."""
+    mismatches, buckets = [], set()
+    for case in range(cases):
+        head_dim, window = rng.choice([(16, 112), (80, 112), (64, 56)])
+        visual = stack_vision(qwen2_5_vl, head_dim, window)
+        grids = tuple((1, MERGE * rng.randint(1, 16), MERGE * rng.randint(1, 16)) for _ in range(rng.randint(1, 3)))
+        theirs_aux = visual.compute_aux_arrays(grids)
+        ours_aux = fixes.host_aux_arrays(visual, grids)
+        grid = grids[:1]
+        patches = int(np.prod(grid[0]))
+        x = np.asarray(np.random.default_rng(case).normal(size=(patches, 6)), jnp.bfloat16)
+        theirs_inputs = visual.pad_inputs(jnp.asarray(x), *visual.compute_aux_arrays(grid))
+        ours_inputs, count = fixes.host_padded_encoder_inputs(visual, x, grid)
+        theirs_rows = visual.__call__(jnp.asarray(x), grid)
+        ours_rows = fixes.padded_image_embedding(visual, x, grid[0])
+        buckets.add(ours_inputs[0].shape[0])
+        same = (all(same_array(a, b) for a, b in zip(ours_aux, theirs_aux))
+                and all(same_array(a, b) for a, b in zip(ours_inputs, theirs_inputs[:5]))
+                and count == theirs_inputs[5] and ours_rows.shape == theirs_rows.shape
+                and np.array_equal(np.asarray(ours_rows.array)[:count], np.asarray(theirs_rows)))
+        if not same:
+            mismatches.append({"case": case, "grids": grids, "head_dim": head_dim, "window": window})
+    return mismatches, len(buckets)
+
+
+def same_array(ours, theirs) -> bool:
+    return ours.shape == theirs.shape and ours.dtype == theirs.dtype and np.array_equal(ours, np.asarray(theirs))
+
+
 def random_step(rng):
     """Requests with images at random places, each scheduled a random chunk of what it has left."""
     rows = rng.choice([16, 32, 64])
@@ -153,13 +211,15 @@ def main() -> None:
     mrope, types = check_mrope(rng, AutoConfig.from_pretrained(request["config"]), cases, serving_fixes, stack_model)
     images = check_images(rng, cases, serving_fixes, stack_model)
     gathered, pieces = check_gather(rng, cases, serving_fixes, gather, flatten_pad_mm_embeds)
+    padded, patch_buckets = check_padded_images(rng, request["padded_cases"], serving_fixes, qwen2_5_vl)
     serving_fixes.install()
     serving_fixes.install()  # twice: still one layer of fixes
     patched = (stack.get_mrope_input_positions is serving_fixes.host_mrope_input_positions
                and stack._process_image_input.__wrapped__ is originals["_process_image_input"]
                and multimodal_manager.MultiModalManager.gather_mm_embeddings.__wrapped__ is gather)
     print(json.dumps({"cases": cases, "mrope": mrope, "images": images, "gather": gathered, "gathered_pieces": pieces,
-                      "host_types": sorted(types), "patched": patched}))
+                      "padded_images": padded, "patch_buckets": patch_buckets, "host_types": sorted(types),
+                      "patched": patched}))
 
 
 if __name__ == "__main__":

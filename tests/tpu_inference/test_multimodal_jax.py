@@ -3,7 +3,8 @@ configs/multimodal-jax.yaml builds every planned graph (the input-embeddings mer
 embeddings, tests/tpu_inference/test_plan_jax.py tying them to tpu-inference's own capture_model; beyond the
 warm-up what a step with image embeddings runs under aotc's serving fixes), then a fresh server's verify under
 text and image traffic finds every graph in the artifact, and the stock server under chat requests with images
-compiles nothing after ready. One build, shared.
+compiles nothing after ready; with images by grid, and with images of any size (enable_dynamic_image_sizes).
+One build of the matrix, shared.
 
 Zero depends on the serving fixes (aotc/runners/tpu_inference/serving_fixes.py, held equal to the stack's code by
 test_serving_fixes_jax.py): without them tpu-inference slices, joins and pads each request's M-RoPE positions,
@@ -25,21 +26,21 @@ from tests.conftest import run_aotc
 from .conftest import REPO
 
 CONFIG = REPO / "configs" / "multimodal-jax.yaml"
-[ENTRY] = load_matrix(CONFIG).entries
+ENTRY, DYNAMIC = load_matrix(CONFIG).entries  # images by grid; any image size (enable_dynamic_image_sizes)
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
 @pytest.fixture(scope="module")
-def built(jax_env, tmp_path_factory) -> tuple[Path, dict, Path]:
-    """The build and a store holding it."""
+def built(jax_env, tmp_path_factory) -> dict[str, tuple[Path, dict, Path]]:
+    """Each entry's build and a store holding it, from one build of the matrix."""
     from tests.helpers.canary import publish_copy
 
     out = tmp_path_factory.mktemp("multimodal")
     proc = run_aotc("build", CONFIG, "--out", out, "--traffic", "8", "--no-reuse", "--json", env=jax_env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    [report] = json.loads(proc.stdout)["entries"]
-    store, _ = publish_copy(out / ENTRY.name, tmp_path_factory.mktemp("multimodal-store"), jax_env)
-    return out / ENTRY.name, report, store
+    reports = {report["entry"]: report for report in json.loads(proc.stdout)["entries"]}
+    return {name: (out / name, report, publish_copy(out / name, tmp_path_factory.mktemp("store"), jax_env)[0])
+            for name, report in reports.items()}
 
 
 def test_multimodal_plan_lists_the_vision_families_once_per_shape():
@@ -64,10 +65,26 @@ def test_multimodal_plan_lists_a_step_with_images_per_token_bucket_and_image_gri
     assert shapes["place_encoder_rows"] == sorted((("image_grid", g), ("num_tokens", t)) for t in tokens for g in grids)
 
 
+def test_dynamic_image_sizes_plan_a_step_with_images_per_token_bucket_and_patch_bucket():
+    """With enable_dynamic_image_sizes the stack's warm-up compiles the padded encoder per power-of-two patch
+    count (test_plan_jax.py ties it to its capture_model); beyond it, the copy of an image's rows is planned per
+    token bucket and padded encoder output (its rows: the patch count over the merge), whatever the image's
+    size, and no encoder per image grid."""
+    plan = plan_entry(DYNAMIC)
+    tokens = plan.buckets["token_paddings"]
+    patches = [g.shape_dict["num_patches"] for g in plan.graphs if g.family == "vision_encoder_padded"]
+    assert patches and "image_encoder" not in plan.families()
+    rows = sorted(tuple(sorted(g.shape_dict.items())) for g in plan.graphs if g.family == "place_encoder_rows")
+    assert rows == sorted((("encoder_rows", n // 4), ("num_tokens", t)) for t in tokens for n in patches)
+    assert {g.family for g in plan.graphs if g.beyond_warmup} == {"multimodal_mask", "empty_embedding_rows",
+                                                                  "place_encoder_rows"}
+
+
 @pytest.mark.slow
-def test_multimodal_entry_builds_every_planned_graph_and_only_those(built):
-    artifact, report, _ = built
-    expected = plan_entry(ENTRY)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC], ids=lambda e: e.name)
+def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry):
+    artifact, report, _ = built[entry.name]
+    expected = plan_entry(entry)
     assert report["ok"] and report["planned"] == report["graphs_with_keys"] == len(expected.graphs), report
     manifest = json.loads((artifact / "manifest.json").read_text())
     precompiled = [g for g in manifest["graphs"] if g["family"] in expected.families()]
@@ -76,28 +93,30 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built):
 
 
 @pytest.mark.slow
-def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce):
+@pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,))], ids=lambda e: getattr(e, "name", ""))
+def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce, entry, seeds):
     """Every planned graph loads from the artifact and a fresh server compiles nothing under text and image
     traffic (two seeds: which images share a batch and where the prefill chunks fall differ)."""
-    artifact, _, _ = built
-    for seed in (1, 2):
+    artifact, _, _ = built[entry.name]
+    for seed in seeds:
         proc = run_aotc("verify", artifact, "--traffic", "8", "--seed", str(seed), "--json", env=jax_env, timeout=1800)
         result = json.loads(proc.stdout)
-        announce(f"multimodal verify (seed {seed}): {result['misses']} misses over {result['traffic_requests']} "
+        announce(f"{entry.name} verify (seed {seed}): {result['misses']} misses over {result['traffic_requests']} "
                  f"requests, {result['replayed_graphs']} graphs replayed")
         assert proc.returncode == 0 and result["misses"] == 0 and result["traffic_requests"] > 0, result["missed"]
 
 
 @pytest.mark.slow
-def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce):
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC], ids=lambda e: e.name)
+def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is
-    served, the image requests among them."""
+    served, the image requests among them (with dynamic image sizes, six sizes in three patch buckets)."""
     from tests.helpers.canary import canary
 
-    _, _, store = built
-    code, doc, err = canary(CONFIG, ENTRY.name, store, jax_env, requests=32)
-    announce(f"multimodal canary: {doc.get('verdict')}")
+    _, _, store = built[entry.name]
+    code, doc, err = canary(CONFIG, entry.name, store, jax_env, requests=32)
+    announce(f"{entry.name} canary: {doc.get('verdict')}")
     assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0 and doc["failed_requests"] == 0
     assert doc["kinds"]["images"]["ok"] == doc["kinds"]["images"]["sent"] > 0

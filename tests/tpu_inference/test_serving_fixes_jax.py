@@ -9,12 +9,14 @@ from .conftest import REPO, run_jax
 
 SCRIPT = REPO / "tests" / "tpu_inference" / "jax_serving_fixes.py"
 CASES = 150
+# each padded-image case runs the stack's eager aux arrays at new shapes (an XLA compile per op): fewer
+PADDED_CASES = 24
 
 
 @pytest.fixture(scope="module")
 def compared(jax_env) -> dict:
     return run_jax(jax_env, SCRIPT, {"config": str(REPO / "configs" / "models" / "tiny-qwen2_5-vl"),
-                                     "cases": CASES, "seed": 7})
+                                     "cases": CASES, "padded_cases": PADDED_CASES, "seed": 7})
 
 
 def test_host_mrope_positions_equal_tpu_inferences(compared):
@@ -33,6 +35,13 @@ def test_one_buffer_equals_the_stacks_gathered_and_padded_pieces(compared):
     """Steps of random prefill chunks through prompts with images: the buffer equals tpu-inference's
     gather_mm_embeddings pieces after its flatten_pad_mm_embeds, row for row, and the mask is the stack's."""
     assert compared["gather"] == [] and compared["gathered_pieces"] > CASES // 2
+
+
+def test_padded_encoder_inputs_equal_the_stacks_eager_ones(compared):
+    """Images of random grids with enable_dynamic_image_sizes: the host-built window index, rotary table and
+    sequence bounds, padded to the patch bucket, equal tpu-inference's compute_aux_arrays + pad_inputs array
+    for array and dtype for dtype, and the padded output's image rows equal its sliced output."""
+    assert compared["padded_images"] == [] and compared["patch_buckets"] >= 4
 
 
 def test_install_patches_once(compared):

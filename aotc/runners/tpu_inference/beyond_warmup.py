@@ -69,14 +69,21 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
             encoded[grid] = _encode_image(runner, vision, [int(side) for side in grid.split("x")])
         return encoded[grid]
 
+    def encoder_output(place_shape: dict[str, Any]):
+        """The output a place_encoder_rows call copies from: an image grid's, or with dynamic image sizes the
+        padded encoder's at that many rows (an image of rows x merge**2 patches fills its bucket exactly)."""
+        grid = place_shape.get("image_grid") or f"1x{vision.spatial_merge_size}x{place_shape['encoder_rows'] * vision.spatial_merge_size}"
+        output = encode(grid)
+        return output.array if isinstance(output, serving_fixes.PaddedEncoderRows) else output
+
     sharding = serving_fixes.embedding_sharding(runner.mesh)
-    any_grid = shapes[PLACE_ENCODER_ROWS][0]["image_grid"]
+    any_output = encoder_output(shapes[PLACE_ENCODER_ROWS][0])
 
     def empty(rows: int):  # the buffer takes the encoder output's width and dtype
-        return serving_fixes.empty_embedding_rows(rows, encode(any_grid).shape[-1], encode(any_grid).dtype, sharding)
+        return serving_fixes.empty_embedding_rows(rows, any_output.shape[-1], any_output.dtype, sharding)
 
-    def place(rows: int, grid: str):
-        return serving_fixes.place_encoder_rows(empty(rows), encode(grid), 0, 0, 1, sharding)
+    def place(rows: int, place_shape: dict[str, Any]):
+        return serving_fixes.place_encoder_rows(empty(rows), encoder_output(place_shape), 0, 0, 1, sharding)
 
     def mask(rows: int):
         return jnp.array(np.zeros(rows, np.bool_), dtype=jnp.bool_)
@@ -87,7 +94,7 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
         for shape in shapes[family]:
             run(family, fn, shape[first], **shape)
     for shape in shapes[PLACE_ENCODER_ROWS]:
-        run(PLACE_ENCODER_ROWS, place, shape["num_tokens"], shape["image_grid"], **shape)
+        run(PLACE_ENCODER_ROWS, place, shape["num_tokens"], shape, **shape)
 
 
 def _encode_image(runner, vision, grid: list[int]):

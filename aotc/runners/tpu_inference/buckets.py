@@ -208,18 +208,23 @@ def vision_encoder_graphs(entry: Entry, hf_config: dict) -> list[GraphSpec]:
 
 # Images a traffic sweep sends when the entry names no warm-up sizes, [height, width].
 DEFAULT_IMAGE_SHAPES = ([56, 56], [112, 84])
+# With enable_dynamic_image_sizes, sizes in three patch buckets (16, 32, 64 patches), several to a bucket:
+# any size is served by its bucket's graphs, so the sweep and the canary show a spread.
+DYNAMIC_IMAGE_SHAPES = ([56, 56], [112, 84], [84, 56], [56, 112], [84, 84], [112, 112])
 
 
 def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
     """(height, width, prompt tokens) of the images a sweep sends: the vision warm-up's shapes (the sizes the
-    stack compiled its encoder for), else DEFAULT_IMAGE_SHAPES. An image of a multiple of patch_size x
+    stack compiled its encoder for), else DYNAMIC_IMAGE_SHAPES with enable_dynamic_image_sizes, else
+    DEFAULT_IMAGE_SHAPES. An image of a multiple of patch_size x
     spatial_merge_size pixels a side keeps its size through the processor, one token per merged patch."""
     if not is_multimodal(hf_config):
         return ()
     vision = hf_config["vision_config"]
     factor = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
-    shapes = ((additional_config(entry).get("vision_warmup_config") or {}).get("image_shapes")
-              or DEFAULT_IMAGE_SHAPES)
+    extra = additional_config(entry)
+    shapes = ((extra.get("vision_warmup_config") or {}).get("image_shapes")
+              or (DYNAMIC_IMAGE_SHAPES if extra.get("enable_dynamic_image_sizes") else DEFAULT_IMAGE_SHAPES))
     sides = [(max(1, round(h / factor)), max(1, round(w / factor))) for h, w in shapes]
     return tuple((h * factor, w * factor, h * w) for h, w in sides)
 
@@ -263,15 +268,21 @@ def image_grids(entry: Entry, hf_config: dict) -> list[str]:
 def multimodal_step_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) -> list[GraphSpec]:
     """Beyond the warm-up, what a step with image embeddings runs besides the merger under aotc's serving fixes
     (aotc/runners/tpu_inference/serving_fixes.py): per token bucket the step's placeholder mask lifted to the
-    device and the empty embedding buffer, per token bucket and image grid the copy of an image's encoder rows
-    into it; and the image encoder per grid when the stack's warm-up compiles none (no vision_warmup_config).
-    With enable_dynamic_image_sizes an image's rows follow its own size, which no grid list bounds."""
+    device and the empty embedding buffer, per token bucket and encoder output the copy of an image's encoder
+    rows into it; and the image encoder per grid when the stack's warm-up compiles none (no vision_warmup_config).
+    An encoder output is an image grid's, or with enable_dynamic_image_sizes the padded encoder's, whose rows
+    follow the patch bucket, not the image (any image size)."""
+    encoders = vision_encoder_graphs(entry, hf_config)
     grids = image_grids(entry, hf_config)
-    graphs = [] if vision_encoder_graphs(entry, hf_config) else [
-        GraphSpec.of("image_encoder", True, image_grid=g) for g in grids]
+    graphs = [] if encoders else [GraphSpec.of("image_encoder", True, image_grid=g) for g in grids]
+    if additional_config(entry).get("enable_dynamic_image_sizes"):
+        unit = hf_config["vision_config"].get("spatial_merge_size", 2) ** 2
+        outputs = [{"encoder_rows": g.shape_dict["num_patches"] // unit} for g in encoders]
+    else:
+        outputs = [{"image_grid": g} for g in grids]
     for t in p["tokens"]:
         graphs += [GraphSpec.of("multimodal_mask", True, num_tokens=t), GraphSpec.of("empty_embedding_rows", True, num_tokens=t)]
-        graphs += [GraphSpec.of("place_encoder_rows", True, num_tokens=t, image_grid=g) for g in grids]
+        graphs += [GraphSpec.of("place_encoder_rows", True, num_tokens=t, **output) for output in outputs]
     return graphs
 
 

@@ -22,6 +22,12 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
   one buffer of the bucket's rows with two jitted functions keyed by the token bucket and the encoder
   output's rows only (`empty_embedding_rows`, `place_encoder_rows`; planned `beyond_warmup`), and hands the
   merger that one buffer, as the stack's warm-up does.
+* Images of any size (enable_dynamic_image_sizes): the padded encoder's inputs (window index, rotary table,
+  sequence bounds, padded to the patch bucket) are built with eager ops shaped by the image, and its output
+  sliced to the image's rows. The fix builds them in NumPy and keeps the padded output whole with its row
+  count (PaddedEncoderRows), so place_encoder_rows is keyed by the patch bucket, not the image.
+* The vision warm-up (precompile_vision_encoder) makes its dummy pixels with vLLM's torch dtype, which jnp
+  refuses at start-up; it runs with the JAX dtype the model was built with.
 """
 
 from __future__ import annotations
@@ -50,7 +56,30 @@ def _fix_qwen2_5_vl(module) -> None:
     model.get_mrope_input_positions = host_mrope_input_positions
     model._parse_and_validate_image_input = _pixels_on_host(model._parse_and_validate_image_input)
     model._process_image_input = _each_image_alone(model._process_image_input)
+    model.precompile_vision_encoder = _warm_up_in_the_models_dtype(model.precompile_vision_encoder)
     setattr(model, INSTALLED, True)
+
+
+def _warm_up_in_the_models_dtype(precompile):
+    """tpu-inference's get_flax_model gives the model config a JAX dtype while it builds the model and puts
+    vLLM's torch dtype back after; the vision warm-up runs later and makes its dummy pixels with
+    model_config.dtype, which jnp refuses (TypeError: Cannot interpret 'torch.bfloat16'), so a server with
+    vision_warmup_config or enable_dynamic_image_sizes died at start-up. The warm-up runs with the dtype the
+    model was built with: the pixels' dtype at serving (vLLM hands over bfloat16 pixels)."""
+
+    @functools.wraps(precompile)
+    def precompile_in_the_models_dtype(model, *args, **kwargs):
+        from tpu_inference.utils import to_jax_dtype
+
+        model_config = model.vllm_config.model_config
+        vllm_dtype = model_config.dtype
+        model_config.dtype = to_jax_dtype(vllm_dtype)
+        try:
+            return precompile(model, *args, **kwargs)
+        finally:
+            model_config.dtype = vllm_dtype
+
+    return precompile_in_the_models_dtype
 
 
 def _fix_multimodal_manager(module) -> None:
@@ -111,14 +140,135 @@ def _each_image_alone(process):
         pixels = image_input["pixel_values"]
         if image_input["type"] != "pixel_values" or not isinstance(pixels, np.ndarray):
             return process(model, image_input)
+        padded = getattr(model.visual, "enable_dynamic_image_sizes", False)
         embeddings, start = [], 0
         for grid in image_input["image_grid_thw"]:
             end = start + int(np.prod(grid))
-            embeddings.append(model.get_single_image_embedding(jax.device_put(pixels[start:end]), grid))
+            embeddings.append(padded_image_embedding(model.visual, pixels[start:end], grid) if padded else
+                              model.get_single_image_embedding(jax.device_put(pixels[start:end]), grid))
             start = end
         return tuple(embeddings)
 
     return encode_each_image
+
+
+# --- images of any size (additional_config.enable_dynamic_image_sizes) ----------------------------------
+# The stack pads an image's encoder inputs to a power-of-two patch count and runs the padded encoder its
+# warm-up compiled per count, but builds those inputs with eager device ops shaped by the image's grid
+# (Qwen2_5_VisionTransformer.compute_aux_arrays, pad_inputs) and slices the output to the image's rows
+# (`hidden_states[:num_tokens]`): a compile per image size. The fix builds the same inputs on the host (NumPy,
+# held equal to the stack's code) and keeps the padded output whole, with the count of the image's rows.
+
+
+@dataclass(frozen=True)
+class PaddedEncoderRows:
+    """An image's encoder output padded to its patch count's bucket; the first `count` rows are the image's."""
+
+    array: Any
+    count: int
+
+    ndim = 2  # an embedding as the runner's sanity check sees it: (count, width)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.count, self.array.shape[-1])
+
+    @property
+    def dtype(self):
+        return self.array.dtype
+
+
+def padded_image_embedding(visual, pixels, grid) -> PaddedEncoderRows:
+    """Qwen2_5_VisionTransformer.__call__ with enable_dynamic_image_sizes, its eager steps on the host."""
+    import jax
+
+    inputs, count = host_padded_encoder_inputs(visual, pixels, (tuple(int(side) for side in grid),))
+    return PaddedEncoderRows(visual.encode_padded_jit(*(jax.device_put(a) for a in inputs)), count)
+
+
+def host_padded_encoder_inputs(visual, pixels, grid_thw) -> tuple[tuple, int]:
+    """(x_padded, window_index, rotary_pos_emb, cu_seqlens, cu_window_seqlens), num_tokens: the stack's
+    compute_aux_arrays then pad_inputs, in NumPy, in the dtypes the stack's arrays have."""
+    import numpy as np
+
+    unit = visual.spatial_merge_unit
+    window_index, rotary, cu_seqlens, cu_window_seqlens = host_aux_arrays(visual, grid_thw)
+    num_patches, num_tokens = rotary.shape[0], window_index.shape[0]
+    bucket_patches = 1 << (num_patches - 1).bit_length()
+    bucket_tokens = bucket_patches // unit
+    max_windows = bucket_tokens // _merger_window(visual) + 2
+    rotary = np.pad(rotary, ((0, bucket_patches - num_patches), (0, 0)))
+    window_index = np.concatenate([window_index, np.arange(num_tokens, bucket_tokens, dtype=np.int32)])
+    cu_window_seqlens = np.append(cu_window_seqlens, bucket_patches).astype(np.int32)
+    cu_window_seqlens = np.pad(cu_window_seqlens, (0, max(0, max_windows + 1 - cu_window_seqlens.shape[0])),
+                               mode="edge")
+    cu_seqlens = np.append(cu_seqlens, bucket_patches).astype(np.int32)
+    x_padded = np.pad(pixels, ((0, bucket_patches - pixels.shape[0]), (0, 0)))
+    return (x_padded, window_index, rotary, cu_seqlens, cu_window_seqlens), num_tokens
+
+
+def _merger_window(visual) -> int:
+    return visual.window_size // visual.spatial_merge_size // visual.patch_size
+
+
+def host_aux_arrays(visual, grid_thw):
+    """Qwen2_5_VisionTransformer.compute_aux_arrays: window_index, rotary_pos_emb, cu_seqlens,
+    cu_window_seqlens for the images' grids."""
+    import numpy as np
+
+    window_index, rotary, cu_seqlens = [], [], []
+    cu_window_seqlens, index_offset, window_offset = [np.zeros(1, np.int32)], 0, 0
+    for t, h, w in grid_thw:
+        index, cu_window = _window_index(visual, t, h, w)
+        rotary.append(_rotary_pos_emb(visual, t, h, w)[index].reshape(-1, _rotary_width(visual)))
+        window_index.append((index + index_offset).astype(np.int32))
+        index_offset += t * (h // visual.spatial_merge_size) * (w // visual.spatial_merge_size)
+        cu_window = (cu_window + window_offset).astype(np.int32)
+        window_offset = int(cu_window[-1])
+        cu_window_seqlens.append(cu_window)
+        cu_seqlens.append(np.full(t, h * w, np.int32))
+    cu_seqlens = np.pad(np.cumsum(np.concatenate(cu_seqlens), dtype=np.int32), (1, 0))
+    return (np.concatenate(window_index), np.concatenate(rotary), cu_seqlens,
+            np.concatenate(cu_window_seqlens))
+
+
+def _window_index(visual, t: int, h: int, w: int):
+    """get_window_index_thw: the merged patches in window order, and the windows' cumulative patch counts."""
+    import numpy as np
+
+    size, merge = _merger_window(visual), visual.spatial_merge_size
+    grid_h, grid_w = h // merge, w // merge
+    pad_h, pad_w = size - grid_h % size, size - grid_w % size
+    windows_h, windows_w = (grid_h + pad_h) // size, (grid_w + pad_w) // size
+    index = np.pad(np.arange(t * grid_h * grid_w, dtype=np.int32).reshape(t, grid_h, grid_w),
+                   ((0, 0), (0, pad_h), (0, pad_w)), constant_values=-100)
+    index = index.reshape(t, windows_h, size, windows_w, size).transpose(0, 1, 3, 2, 4)
+    index = index.reshape(t, windows_h * windows_w, size, size)
+    seqlens = (index != -100).sum((2, 3)).reshape(-1)
+    index = index.reshape(-1)
+    return index[index != -100], (np.cumsum(seqlens) * visual.spatial_merge_unit).astype(np.int32)
+
+
+def _rotary_width(visual) -> int:
+    return visual.rotary_pos_emb.dim
+
+
+def _rotary_pos_emb(visual, t: int, h: int, w: int):
+    """rotary_pos_emb_thw: each patch's (row, column) frequencies, grouped by merged patch."""
+    import numpy as np
+    from ml_dtypes import bfloat16
+
+    merge = visual.spatial_merge_size
+
+    def merged_order(ids):
+        return ids.reshape(h // merge, merge, w // merge, merge).transpose(0, 2, 1, 3).flatten()
+
+    rows, columns = np.indices((h, w))
+    positions = np.tile(np.stack([merged_order(rows), merged_order(columns)], axis=-1), (t, 1))
+    embedding = visual.rotary_pos_emb  # Qwen2_5_VisionRotaryEmbedding: float32 frequencies, kept in bfloat16
+    inverse = 1.0 / (embedding.theta ** (np.arange(0, embedding.dim, 2, dtype=np.float32) / embedding.dim))
+    table = np.outer(np.arange(max(h, w), dtype=np.float32), inverse).astype(bfloat16)
+    return table[positions].reshape(positions.shape[0] // visual.spatial_merge_unit, visual.spatial_merge_unit, -1)
 
 
 # --- embeddings into the step ---------------------------------------------------------------------------
@@ -135,10 +285,19 @@ class RowRange:
 
 @dataclass(frozen=True)
 class EncoderRows:
+    """An encoder output's first `rows` rows (all of them, or a padded output's image rows)."""
+
     array: Any
+    rows: int
+
+    @classmethod
+    def of(cls, output) -> EncoderRows:
+        if isinstance(output, PaddedEncoderRows):
+            return cls(output.array, output.count)
+        return cls(output, output.shape[0])
 
     def __getitem__(self, rows: slice) -> RowRange:
-        start, stop, step = rows.indices(self.array.shape[0])
+        start, stop, step = rows.indices(self.rows)
         assert step == 1, "encoder rows are taken in order"
         return RowRange(self.array, start, stop - start)
 
@@ -150,10 +309,10 @@ class EncoderRowsView:
         self.cache = cache
 
     def get(self, key, default=None):
-        return EncoderRows(self.cache[key]) if key in self.cache else default
+        return EncoderRows.of(self.cache[key]) if key in self.cache else default
 
     def __getitem__(self, key):
-        return EncoderRows(self.cache[key])
+        return EncoderRows.of(self.cache[key])
 
 
 def _into_one_buffer(gather):
