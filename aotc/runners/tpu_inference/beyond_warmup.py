@@ -77,9 +77,9 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
         return output.array if isinstance(output, serving_fixes.PaddedEncoderRows) else output
 
     sharding = serving_fixes.embedding_sharding(runner.mesh)
-    any_output = encoder_output(shapes[PLACE_ENCODER_ROWS][0])
 
-    def empty(rows: int):  # the buffer takes the encoder output's width and dtype
+    def empty(rows: int):  # the buffer takes the encoder output's width and dtype (encoded in a call's window)
+        any_output = encoder_output(shapes[PLACE_ENCODER_ROWS][0])
         return serving_fixes.empty_embedding_rows(rows, any_output.shape[-1], any_output.dtype, sharding)
 
     def place(rows: int, place_shape: dict[str, Any]):
