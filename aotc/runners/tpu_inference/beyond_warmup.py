@@ -72,9 +72,9 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
     def encoder_output(place_shape: dict[str, Any]):
         """The output a place_encoder_rows call copies from: an image grid's, or with dynamic image sizes the
         padded encoder's at that many rows (an image of rows x merge**2 patches fills its bucket exactly)."""
-        grid = place_shape.get("image_grid") or f"1x{vision.spatial_merge_size}x{place_shape['encoder_rows'] * vision.spatial_merge_size}"
-        output = encode(grid)
-        return output.array if isinstance(output, serving_fixes.PaddedEncoderRows) else output
+        merge = vision.spatial_merge_size
+        grid = place_shape.get("image_grid") or f"1x{merge}x{place_shape['encoder_rows'] * merge}"
+        return serving_fixes.EncoderRows.of(encode(grid)).array
 
     sharding = serving_fixes.embedding_sharding(runner.mesh)
 

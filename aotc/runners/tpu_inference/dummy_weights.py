@@ -11,7 +11,10 @@ format, so there it never acts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+
+from .serving_fixes import attribute_set
 
 MODEL_LOADER = "tpu_inference.models.common.model_loader"
 # What tpu-inference's _get_nnx_model rewrites "dummy" to once a target has loaded through it.
@@ -35,14 +38,9 @@ def draft_with_dummy_weights(get_nnx_model):
     @functools.wraps(get_nnx_model)
     def get_nnx_model_dummy_draft(model_class, vllm_config, *args, is_draft_model=False, **kwargs):
         load_config = vllm_config.load_config
-        rewritten = load_config.load_format
-        if not (is_draft_model and rewritten in REWRITTEN_DUMMY_FORMATS):
+        dummy_draft = is_draft_model and load_config.load_format in REWRITTEN_DUMMY_FORMATS
+        with attribute_set(load_config, "load_format", "dummy") if dummy_draft else contextlib.nullcontext():
             return get_nnx_model(model_class, vllm_config, *args, is_draft_model=is_draft_model, **kwargs)
-        load_config.load_format = "dummy"
-        try:
-            return get_nnx_model(model_class, vllm_config, *args, is_draft_model=True, **kwargs)
-        finally:
-            load_config.load_format = rewritten
 
     setattr(get_nnx_model_dummy_draft, INSTALLED, True)
     return get_nnx_model_dummy_draft

@@ -32,6 +32,7 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass
@@ -60,6 +61,17 @@ def _fix_qwen2_5_vl(module) -> None:
     setattr(model, INSTALLED, True)
 
 
+@contextlib.contextmanager
+def attribute_set(owner, name: str, value):
+    """`owner.name` is `value` inside the block and what it was before after it, however the block ends."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield before
+    finally:
+        setattr(owner, name, before)
+
+
 def _warm_up_in_the_models_dtype(precompile):
     """tpu-inference's get_flax_model gives the model config a JAX dtype while it builds the model and puts
     vLLM's torch dtype back after; the vision warm-up runs later and makes its dummy pixels with
@@ -72,12 +84,8 @@ def _warm_up_in_the_models_dtype(precompile):
         from tpu_inference.utils import to_jax_dtype
 
         model_config = model.vllm_config.model_config
-        vllm_dtype = model_config.dtype
-        model_config.dtype = to_jax_dtype(vllm_dtype)
-        try:
+        with attribute_set(model_config, "dtype", to_jax_dtype(model_config.dtype)):
             return precompile(model, *args, **kwargs)
-        finally:
-            model_config.dtype = vllm_dtype
 
     return precompile_in_the_models_dtype
 
@@ -173,10 +181,6 @@ class PaddedEncoderRows:
     def shape(self) -> tuple[int, int]:
         return (self.count, self.array.shape[-1])
 
-    @property
-    def dtype(self):
-        return self.array.dtype
-
 
 def padded_image_embedding(visual, pixels, grid) -> PaddedEncoderRows:
     """Qwen2_5_VisionTransformer.__call__ with enable_dynamic_image_sizes, its eager steps on the host."""
@@ -220,9 +224,9 @@ def host_aux_arrays(visual, grid_thw):
     cu_window_seqlens, index_offset, window_offset = [np.zeros(1, np.int32)], 0, 0
     for t, h, w in grid_thw:
         index, cu_window = _window_index(visual, t, h, w)
-        rotary.append(_rotary_pos_emb(visual, t, h, w)[index].reshape(-1, _rotary_width(visual)))
+        rotary.append(_rotary_pos_emb(visual, t, h, w)[index].reshape(-1, visual.rotary_pos_emb.dim))
         window_index.append((index + index_offset).astype(np.int32))
-        index_offset += t * (h // visual.spatial_merge_size) * (w // visual.spatial_merge_size)
+        index_offset += index.shape[0]  # the image's merged patches
         cu_window = (cu_window + window_offset).astype(np.int32)
         window_offset = int(cu_window[-1])
         cu_window_seqlens.append(cu_window)
@@ -247,10 +251,6 @@ def _window_index(visual, t: int, h: int, w: int):
     seqlens = (index != -100).sum((2, 3)).reshape(-1)
     index = index.reshape(-1)
     return index[index != -100], (np.cumsum(seqlens) * visual.spatial_merge_unit).astype(np.int32)
-
-
-def _rotary_width(visual) -> int:
-    return visual.rotary_pos_emb.dim
 
 
 def _rotary_pos_emb(visual, t: int, h: int, w: int):
@@ -321,11 +321,8 @@ def _into_one_buffer(gather):
     @functools.wraps(gather)
     def gather_into_one_buffer(manager, *args, **kwargs):
         runner = manager.runner
-        cache, runner.encoder_cache = runner.encoder_cache, EncoderRowsView(runner.encoder_cache)
-        try:
+        with attribute_set(runner, "encoder_cache", EncoderRowsView(runner.encoder_cache)):
             pieces, is_mm_embed = gather(manager, *args, **kwargs)
-        finally:
-            runner.encoder_cache = cache
         if pieces is None:
             return pieces, is_mm_embed
         rows = signature.bind(manager, *args, **kwargs).arguments["target_pad_len"]
