@@ -86,14 +86,17 @@ ZOO: dict[str, dict] = {
     "tiny-gemma4": {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4", "text_config": GEMMA4_TEXT,
                     "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
     # DeepSeek V3: multi-head latent attention (low-rank q and kv, a shared rope key), sigmoid-scored grouped
-    # routing over 8 experts plus a shared one, the first layer dense. Planned; not built on the twin yet.
+    # routing (4 of 8 groups, as V3: tpu-inference's JAX router has the 4 as a literal) over 16 experts plus a
+    # shared one, the first layer dense, YaRN RoPE.
     "tiny-deepseek-v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "head_dim": OMIT,
                          "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
-                         "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+                         "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 16, "n_shared_experts": 1,
                          "num_experts_per_tok": 2, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
-                         "moe_layer_freq": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                         "moe_layer_freq": 1, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
                          "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-                         "attention_bias": False},
+                         "attention_bias": False,
+                         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}},
     "tiny-llama-8-layers": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
                             "attention_bias": False, "mlp_bias": False},
 }

@@ -3,7 +3,7 @@
 stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...],
         "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len], ...]}
 stdout (last line): {"paddings": [{tokens, reqs, attn_reqs}...], "flags": {...}, "attention_error": float,
-                     "attention_error_hd64": float, ...}
+                     "attention_error_hd64": float, "mla_attention_error": float, ...}
 """
 
 import json
@@ -46,6 +46,23 @@ def accepts(seqs: int, tokens: int, length: int) -> bool:
 scheduler = [accepts(*case) for case in request.get("scheduler", [])]
 
 
+def three_sequences(rng, seqs: int, pages: int, pages_per_seq: int):
+    """The kernels' metadata (kv_lens, page_indices, cu_q_lens, distribution) for a chunked prefill, a decode
+    and a fresh prefill in a batch of `seqs`, on shuffled pages; and the number of real tokens."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    q_lens, kv_lens = [5, 1, 10], [20, 7, 10]
+    cu = np.zeros(seqs + 1, np.int32)
+    cu[1:4] = np.cumsum(q_lens)
+    cu[4:] = cu[3]
+    lens = np.zeros(seqs, np.int32)
+    lens[:3] = kv_lens
+    page_indices = rng.permutation(pages)[:seqs * pages_per_seq].astype(np.int32)
+    metadata = (jnp.asarray(lens), jnp.asarray(page_indices), jnp.asarray(cu), jnp.asarray(np.array([0, 0, 3], np.int32)))
+    return metadata, int(cu[3])
+
+
 def attention_error(hd64: bool = False) -> float:
     """The CPU twin's jitted attention against tpu-inference's reference (a Python loop, eager): the RPA v3
     kernel's, or (hd64) the head_dim-64 kernel's with attention sinks and its own cache layout."""
@@ -61,14 +78,8 @@ def attention_error(hd64: bool = False) -> float:
     cache_shape = (kernel_hd64 if hd64 else kernel).get_kv_cache_shape(pages, page, kv_heads, dim, jnp.bfloat16)
     q, k, v = (jnp.asarray(rng.standard_normal((tokens, h, dim)), jnp.bfloat16) for h in (q_heads, kv_heads, kv_heads))
     cache = jnp.asarray(rng.standard_normal(cache_shape), jnp.bfloat16)
-    q_lens, kv_lens = [5, 1, 10], [20, 7, 10]  # a chunked prefill, a decode, a fresh prefill
-    cu = np.zeros(seqs + 1, np.int32)
-    cu[1:4] = np.cumsum(q_lens)
-    cu[4:] = cu[3]
-    lens = np.zeros(seqs, np.int32)
-    lens[:3] = kv_lens
-    args = (q, k, v, cache, jnp.asarray(lens), jnp.asarray(rng.permutation(pages)[:seqs * pages_per_seq].astype(np.int32)),
-            jnp.asarray(cu), jnp.asarray(np.array([0, 0, 3], np.int32)))
+    metadata, real = three_sequences(rng, seqs, pages, pages_per_seq)
+    args = (q, k, v, cache, *metadata)
     if hd64:
         args += (jnp.asarray(rng.standard_normal(q_heads), jnp.float32),)  # the sinks
         reference, twin = kernel_hd64.ref_ragged_paged_attention_hd64, twin_attention.ragged_paged_attention_hd64
@@ -76,12 +87,41 @@ def attention_error(hd64: bool = False) -> float:
         reference, twin = kernel.ref_ragged_paged_attention, twin_attention.ragged_paged_attention
     want_out, want_cache = reference(*args, sm_scale=0.25, sliding_window=8)
     out, new_cache = jax.jit(lambda *a: twin(*a, sm_scale=0.25, sliding_window=8))(*args)
-    real = int(cu[3])
     return max(float(np.abs(np.asarray(want_out, np.float32) - np.asarray(out[:real], np.float32)).max()),
                float(np.abs(np.asarray(want_cache, np.float32) - np.asarray(new_cache, np.float32)).max()),
                float(np.abs(np.asarray(out[real:], np.float32)).max()))
 
 
+def mla_attention_error() -> float:
+    """The CPU twin's jitted MLA v2 against tpu-inference's MLA reference (v1's, a Python loop over sequences,
+    with the same cache layout: each token's latent then its rope key, each padded to 128 lanes, packed in
+    pairs of bf16 tokens). v2 takes the queries head-major and returns the output head-major, unpadded."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from tpu_inference.kernels.mla.v1.kernel import ref_mla_ragged_paged_attention
+    from tpu_inference.kernels.mla.v2.kernel import get_kv_cache_shape
+
+    from aotc.runners.tpu_inference import twin_attention
+
+    rng = np.random.default_rng(1)
+    tokens, heads, lkv, rope, page, pages_per_seq, seqs, pages = 32, 4, 32, 16, 16, 4, 8, 40
+    cache = jnp.asarray(rng.standard_normal(get_kv_cache_shape(pages, page, 128 + 128, jnp.bfloat16)), jnp.bfloat16)
+    ql_nope, q_pe = (jnp.asarray(rng.standard_normal((tokens, heads, d)), jnp.bfloat16) for d in (lkv, rope))
+    kv_c, k_pe = (jnp.asarray(rng.standard_normal((tokens, d)), jnp.bfloat16) for d in (lkv, rope))
+    metadata, real = three_sequences(rng, seqs, pages, pages_per_seq)
+    # the reference donates the cache it is given
+    want_out, want_cache = ref_mla_ragged_paged_attention(ql_nope[:real], q_pe[:real], kv_c[:real], k_pe[:real],
+                                                          jnp.copy(cache), *metadata, sm_scale=0.25)
+    out, new_cache = jax.jit(lambda *a: twin_attention.mla_ragged_paged_attention(*a, sm_scale=0.25))(
+        jnp.swapaxes(ql_nope, 0, 1), q_pe, kv_c, k_pe, cache, *metadata)
+    out = np.asarray(jnp.swapaxes(out, 0, 1), np.float32)
+    return max(float(np.abs(np.asarray(want_out[..., :lkv], np.float32) - out[:real]).max()),
+               float(np.abs(np.asarray(want_cache, np.float32) - np.asarray(new_cache, np.float32)).max()),
+               float(np.abs(out[real:]).max()))
+
+
 print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(),
-                  "attention_error_hd64": attention_error(hd64=True), "scheduler": scheduler,
+                  "attention_error_hd64": attention_error(hd64=True), "mla_attention_error": mla_attention_error(),
+                  "scheduler": scheduler,
                   "quantizations": list(TpuPlatform.supported_quantization)}))

@@ -93,6 +93,12 @@ def test_cpu_twin_head_dim_64_attention_with_sinks_matches_tpu_inference_referen
     assert facts["attention_error_hd64"] <= 2 ** -6
 
 
+def test_cpu_twin_mla_attention_matches_tpu_inference_reference(facts):
+    # the outputs, the cache the new tokens were written into, and zero rows past the real tokens; bf16 outputs
+    # of up to 4 in size: one ulp there is 2**-6
+    assert facts["mla_attention_error"] <= 2 ** -6
+
+
 def test_demo_plan_follows_tpu_inferences_paddings_through_its_precompile_loops(jax_env):
     """The demo plan's buckets are tpu-inference's own (computed by its helpers under the JAX venv), and each
     family's count follows from them through the loops of its CompilationManager._precompile_* steps.
@@ -419,6 +425,36 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
     for label, design, extra in settings:
         stack_refuses = "MLA models require" in (facts["refused"][label] or "")
         assert stack_refuses == (label != "both"), (label, facts["refused"][label])
-        assert_plan_verdict(tmp_path, jax_env, f"model: {model}, env: {{NEW_MODEL_DESIGN: {design}}}, "
+        assert_plan_verdict(tmp_path, jax_env, f"model: {model}, env: {{NEW_MODEL_DESIGN: {design}, MODEL_IMPL_TYPE: vllm}}, "
                             f"engine: {{additional_config: {json.dumps(extra)}}}", stack_refuses,
                             "refuses an MLA model unless NEW_MODEL_DESIGN: 1")
+
+
+JAX_DEEPSEEK_MOE_BACKENDS = """
+import json
+from tpu_inference.layers.common.moe import MoEBackend
+from tpu_inference.layers.jax.moe.utils import select_moe_backend
+print(json.dumps({"refused_backends": [select_moe_backend(use_ep) in MoEBackend.fused_moe_backends()
+                                       for use_ep in (False, True)]}))
+"""
+
+
+def test_jax_deepseek_on_dummy_weights_is_refused_as_the_stack_refuses_it(jax_env, tmp_path):
+    """tpu-inference 0.32's JAX DeepSeek V3 refuses dummy weights on the fused MoE backends, and its MoE backend
+    is one of them with and without expert parallelism (the stack's own select_moe_backend, default env). So a
+    DeepSeek V3 entry on the JAX path is refused at plan (exit 2, one line, naming MODEL_IMPL_TYPE: vllm); through
+    vLLM's model it plans. When the stack's default backend changes, the first assertion fails and the rule is
+    looked at again."""
+    import json
+    import subprocess
+
+    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", JAX_DEEPSEEK_MOE_BACKENDS],
+                          capture_output=True, text=True, timeout=600, env={**jax_env, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"refused_backends": [True, True]}
+    model = REPO / "configs" / "models" / "tiny-deepseek-v3"
+    mla = "additional_config: {sharding: {sharding_strategy: {enable_dp_attention: true}}}"
+    for env, refused in (("", True), (", MODEL_IMPL_TYPE: vllm", False), (", MODEL_IMPL_TYPE: flax_nnx", True)):
+        assert_plan_verdict(tmp_path, jax_env, f"model: {model}, env: {{NEW_MODEL_DESIGN: 1{env}}}, "
+                            f"engine: {{{mla}}}", refused,
+                            "JAX DeepseekV3ForCausalLM cannot start on the dummy weights", "MODEL_IMPL_TYPE: vllm")

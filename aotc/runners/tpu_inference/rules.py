@@ -15,7 +15,7 @@ def validate(entry, hf_config: dict | None) -> list[str]:
     # CacheConfig.block_size is any positive int in vLLM 0.32 (the schema's minimum of 1 already says so)
     return (vllm_rules.common(entry, hf_config) + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform")
             + untied_jax_qwen2(entry, hf_config) + mla_settings(entry, hf_config)
-            + dflash_untied_target(entry, hf_config))
+            + dflash_untied_target(entry, hf_config) + jax_deepseek_on_dummy_weights(entry, hf_config))
 
 
 def on_jax_path(entry) -> bool:
@@ -91,3 +91,15 @@ def dflash_untied_target(entry, hf_config: dict | None) -> list[str]:
     return [f"engine.speculative_config: tpu-inference 0.32's DFlash drafter cannot share the lm_head of an untied "
             f"JAX {head_module[0]} (DFlashProposer.load_model reads .value of the target's lm_head module: "
             "AttributeError at start-up); a DFlash target on its JAX path needs tie_word_embeddings true"]
+
+
+def jax_deepseek_on_dummy_weights(entry, hf_config: dict | None) -> list[str]:
+    """aotc builds on dummy weights, which tpu-inference 0.32's JAX DeepseekV3ForCausalLM cannot start on: its
+    constructor refuses them on every production MoE backend (GMM TP/EP, fused MoE), and past that its dummy
+    loader leaves the RoPE table unbuilt and kv_b_proj unsplit (the checkpoint loader does both, and splits only
+    an FP8 checkpoint). vLLM's DeepseekV3 through torchax (MODEL_IMPL_TYPE: vllm) builds and serves."""
+    if "DeepseekV3ForCausalLM" not in ((hf_config or {}).get("architectures") or []) or not on_jax_path(entry):
+        return []
+    return ["env.MODEL_IMPL_TYPE: tpu-inference 0.32's JAX DeepseekV3ForCausalLM cannot start on the dummy weights "
+            "aotc builds with (it refuses them on its MoE backends: \"Random / dummy weights are not supported\"); "
+            "set MODEL_IMPL_TYPE: vllm (vLLM's DeepseekV3 through torchax) in the entry and the pod"]

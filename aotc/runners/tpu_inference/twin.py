@@ -128,14 +128,17 @@ def install() -> None:
 
 def _patch_attention() -> None:
     """The RPA kernels, in the shared attention interface and in the JAX models' own attention layers
-    (Llama 4's, GPT-OSS's), which import them by name; the flash attention of vision encoders."""
+    (Llama 4's, GPT-OSS's), which import them by name; the MLA kernel; the flash attention of vision
+    encoders."""
     from tpu_inference.layers.common import attention_interface
     from tpu_inference.layers.jax.attention import attention as jax_attention
     from tpu_inference.layers.jax.attention import gpt_oss_attention
 
-    from .twin_attention import flash_attention, ragged_paged_attention, ragged_paged_attention_hd64
+    from .twin_attention import (flash_attention, mla_ragged_paged_attention, ragged_paged_attention,
+                                 ragged_paged_attention_hd64)
 
     attention_interface.flash_attention = flash_attention
+    attention_interface.mla_ragged_paged_attention = mla_ragged_paged_attention
 
     for module in (attention_interface, jax_attention):
         module.ragged_paged_attention = ragged_paged_attention

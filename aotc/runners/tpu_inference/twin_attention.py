@@ -7,6 +7,9 @@ sequence's pages with a causal (and optional sliding-window) mask. Same signatur
 (`merge_kv`: K and V interleaved per head, packed, head_dim padded to 128), same outputs.
 The head_dim-64 variant (GPT-OSS) differs only in its cache layout (each head's K and V side by side in
 one 128-wide row) and its attention sinks (one extra logit per query head in the softmax).
+Multi-head latent attention (MLA v2: DeepSeek V3, Kimi K2) keeps one latent row per token, the compressed KV
+then the shared rope key, each padded to 128 lanes; every query head attends over that row and takes the
+latent as its value.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from tpu_inference.kernels.mla.v2.kernel import align_to
 from tpu_inference.kernels.ragged_paged_attention.v3 import kernel_hd64
 from tpu_inference.kernels.ragged_paged_attention.v3.kernel import merge_kv
+
+LANES = 128
 
 
 def _token_positions(cu_q_lens, kv_lens, num_seqs, num_tokens):
@@ -113,19 +119,10 @@ def _paged_attention(
     q = queries.reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
     if q_scale is not None:
         q = (q / q_scale).astype(k.dtype)
-    scores = jnp.einsum("tgqd,tgkd->tgqk", q, k, preferred_element_type=jnp.float32) * sm_scale
-    for scale in (k_scale, q_scale):
-        if scale is not None:
-            scores = scores * scale
-    if soft_cap is not None:
-        scores = soft_cap * jnp.tanh(scores / soft_cap)
+    scores = _scaled(jnp.einsum("tgqd,tgkd->tgqk", q, k, preferred_element_type=jnp.float32) * sm_scale,
+                     k_scale, q_scale, soft_cap)
 
-    kv_pos = jnp.arange(k.shape[2], dtype=jnp.int32)[None, :]
-    mask = kv_pos < kv_lens[seq][:, None]
-    if use_causal_mask:
-        mask &= kv_pos <= pos[:, None]
-        if sliding_window is not None:
-            mask &= pos[:, None] < kv_pos + sliding_window
+    mask = _visible(k.shape[2], kv_lens[seq], pos, use_causal_mask, sliding_window)
     scores = jnp.where(mask[:, None, None, :], scores, mask_value)
     probs = _softmax_with_sinks(scores, sinks).astype(v.dtype)
     out = jnp.einsum("tgqk,tgkd->tgqd", probs, v, preferred_element_type=jnp.float32)
@@ -134,6 +131,81 @@ def _paged_attention(
         out = out * v_scale
     out = jnp.where(real[:, None, None], out, 0).astype(out_dtype)
     return out, kv_cache
+
+
+def _scaled(scores, k_scale: float | None, q_scale: float | None, soft_cap: float | None):
+    """The logits times the quantized K and Q scales, then soft-capped, as the kernels do."""
+    for scale in (k_scale, q_scale):
+        if scale is not None:
+            scores = scores * scale
+    if soft_cap is not None:
+        scores = soft_cap * jnp.tanh(scores / soft_cap)
+    return scores
+
+
+def _visible(length: int, kv_len, pos, causal: bool, sliding_window: int | None):
+    """bool[tokens, length]: the keys each token attends to, of its sequence's `length` slots."""
+    kv_pos = jnp.arange(length, dtype=jnp.int32)[None, :]
+    mask = kv_pos < kv_len[:, None]
+    if causal:
+        mask &= kv_pos <= pos[:, None]
+        if sliding_window is not None:
+            mask &= pos[:, None] < kv_pos + sliding_window
+    return mask
+
+
+def mla_ragged_paged_attention(
+    ql_nope: jax.Array,  # [q_heads, T, lkv]: the queries absorbed into the latent space, head-major
+    q_pe: jax.Array,  # [T, q_heads, r]
+    new_kv_c: jax.Array,  # [T, lkv]
+    new_k_pe: jax.Array,  # [T, r]
+    cache_kv: jax.Array,  # [pages, page_size / packing, packing, align(lkv, 128) + align(r, 128)]
+    kv_lens: jax.Array,
+    page_indices: jax.Array,
+    cu_q_lens: jax.Array,
+    distribution: jax.Array,
+    *,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    mask_value: float | None = None,
+    q_scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    transpose_kv_cache: bool = False,
+    **_tuning: Any,  # block sizes, batch and split sizes, vmem limit, s_dtype: the kernel's tiling
+):
+    """MLA v2 (tpu_inference.kernels.mla.v2.kernel): each token's latent row written into its page, then
+    softmax(q_nope . kv_c + q_pe . k_pe) . kv_c per head. Returns ([q_heads, T, lkv], the cache)."""
+    if transpose_kv_cache:
+        raise NotImplementedError("the twin's MLA keeps the default cache layout (MLA_TRANSPOSE_KV_CACHE unset)")
+    num_heads, num_tokens, lkv = ql_nope.shape
+    rope_dim = q_pe.shape[-1]
+    num_pages, per_packing, packing, width = cache_kv.shape
+    nope_dim = align_to(lkv, LANES)  # where the rope key starts in a cache row
+    rows = cache_kv.reshape(num_pages, per_packing * packing, width)  # token t of a page at slot t
+    max_num_seqs = kv_lens.shape[0]
+    page_table = page_indices.reshape(max_num_seqs, -1)
+
+    seq, pos, real = _token_positions(cu_q_lens, kv_lens, distribution[2], num_tokens)
+    new_rows = jnp.concatenate([jnp.pad(new_kv_c, ((0, 0), (0, nope_dim - lkv))),
+                                jnp.pad(new_k_pe, ((0, 0), (0, width - nope_dim - rope_dim)))], axis=-1)
+    rows = _write_kv(rows, new_rows, page_table, seq, pos, real)
+
+    latent = rows[page_table].reshape(max_num_seqs, -1, width)[seq]  # [T, len, width]
+    kv_c, k_pe = latent[..., :lkv], latent[..., nope_dim : nope_dim + rope_dim]
+    q_nope = jnp.swapaxes(ql_nope, 0, 1)
+    scores = _scaled((jnp.einsum("tnl,tkl->tnk", q_nope, kv_c, preferred_element_type=jnp.float32)
+                      + jnp.einsum("tnr,tkr->tnk", q_pe, k_pe, preferred_element_type=jnp.float32)) * sm_scale,
+                     k_scale, q_scale, soft_cap)
+    mask = _visible(latent.shape[1], kv_lens[seq], pos, True, sliding_window)
+    scores = jnp.where(mask[:, None, :], scores, jnp.finfo(jnp.float32).min if mask_value is None else mask_value)
+    probs = jax.nn.softmax(scores, axis=-1).astype(kv_c.dtype)
+    out = jnp.einsum("tnk,tkl->tnl", probs, kv_c, preferred_element_type=jnp.float32)
+    if v_scale is not None:
+        out = out * v_scale
+    out = jnp.where(real[:, None, None], out, 0).astype(ql_nope.dtype)
+    return jnp.swapaxes(out, 0, 1), rows.reshape(cache_kv.shape)
 
 
 def flash_attention(q, k, v, ab=None, segment_ids=None, *, causal: bool = False, sm_scale: float = 1.0,
