@@ -42,6 +42,17 @@ GEMMA4_TEXT = {**{k: v for k, v in COMMON.items() if not k.startswith("rope")},
                                    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                       "rope_theta": 1000000.0}}}
 
+DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "head_dim": OMIT,
+               "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+               "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 16, "n_shared_experts": 1,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
+               "moe_layer_freq": 1, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+               "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "attention_bias": False,
+               "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+# DeepSeek V3's quantization_config: FP8 weights with a scale per 128 x 128 block.
+FP8_BLOCKS = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
 ZOO: dict[str, dict] = {
     "tiny-qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **MOE,
                        "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
@@ -87,16 +98,10 @@ ZOO: dict[str, dict] = {
                     "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
     # DeepSeek V3: multi-head latent attention (low-rank q and kv, a shared rope key), sigmoid-scored grouped
     # routing (4 of 8 groups, as V3: tpu-inference's JAX router has the 4 as a literal) over 16 experts plus a
-    # shared one, the first layer dense, YaRN RoPE.
-    "tiny-deepseek-v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "head_dim": OMIT,
-                         "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
-                         "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 16, "n_shared_experts": 1,
-                         "num_experts_per_tok": 2, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
-                         "moe_layer_freq": 1, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
-                         "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-                         "attention_bias": False,
-                         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}},
+    # shared one, the first layer dense, YaRN RoPE; block-FP8 weights, as V3 ships (tpu-inference's JAX model
+    # loads nothing else). The bf16 twin is for vLLM's model through torchax, whose dummy weights cannot be FP8.
+    "tiny-deepseek-v3": {**DEEPSEEK_V3, "quantization_config": FP8_BLOCKS},
+    "tiny-deepseek-v3-bf16": DEEPSEEK_V3,
     "tiny-llama-8-layers": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
                             "attention_bias": False, "mlp_bias": False},
 }

@@ -430,31 +430,50 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
                             "refuses an MLA model unless NEW_MODEL_DESIGN: 1")
 
 
-JAX_DEEPSEEK_MOE_BACKENDS = """
-import json
-from tpu_inference.layers.common.moe import MoEBackend
-from tpu_inference.layers.jax.moe.utils import select_moe_backend
-print(json.dumps({"refused_backends": [select_moe_backend(use_ep) in MoEBackend.fused_moe_backends()
-                                       for use_ep in (False, True)]}))
+JAX_DEEPSEEK_FACTS = """
+import inspect, json, sys
+from tpu_inference.models.jax import deepseek_v3
+from aotc.runners.tpu_inference.twin_deepseek import config_sizes
+constants = json.loads(sys.argv[1])
+v3_config = {key: value for key, value in json.loads(sys.argv[2])}
+print(json.dumps({"constants": {name: getattr(deepseek_v3, name) for name in constants},
+                  "twin_reads": config_sizes(v3_config),
+                  "topk_groups_literal": "topk_groups=4," in inspect.getsource(deepseek_v3.DeepseekV2Moe.__init__),
+                  "asserts_quantization": "assert self.quant_config is not None"
+                                          in inspect.getsource(deepseek_v3.MLAEinsum.load_weights)}))
 """
 
 
-def test_jax_deepseek_on_dummy_weights_is_refused_as_the_stack_refuses_it(jax_env, tmp_path):
-    """tpu-inference 0.32's JAX DeepSeek V3 refuses dummy weights on the fused MoE backends, and its MoE backend
-    is one of them with and without expert parallelism (the stack's own select_moe_backend, default env). So a
-    DeepSeek V3 entry on the JAX path is refused at plan (exit 2, one line, naming MODEL_IMPL_TYPE: vllm); through
-    vLLM's model it plans. When the stack's default backend changes, the first assertion fails and the rule is
-    looked at again."""
+def test_jax_deepseek_v3_rule_is_the_stacks_own_code(jax_env, tmp_path):
+    """tpu-inference 0.32's JAX DeepSeek V3 reads DeepSeek V3's sizes from its module constants, routes over a
+    literal 4 groups and loads only an FP8 checkpoint: the rule's copy of the constants is the module's, the
+    twin reads them from a V3-sized config unchanged (its substitution is a no-op for V3), and the plan refuses
+    (exit 2, one line, naming MODEL_IMPL_TYPE: vllm) a bf16 checkpoint, other sizes on a TPU and another group
+    top-k anywhere; the tiny FP8 config plans on the twin, and vLLM's model plans the bf16 one. When the stack
+    reads its config, the first assertion fails and the rule goes."""
     import json
     import subprocess
 
-    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", JAX_DEEPSEEK_MOE_BACKENDS],
-                          capture_output=True, text=True, timeout=600, env={**jax_env, "JAX_PLATFORMS": "cpu"})
+    from aotc.runners.tpu_inference.rules import JAX_DEEPSEEK_V3_CONSTANTS
+
+    constants = {name: value for name, (_, value) in JAX_DEEPSEEK_V3_CONSTANTS.items() if name is not None}
+    v3_config = [[key, value] for key, value in JAX_DEEPSEEK_V3_CONSTANTS.values()]
+    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", JAX_DEEPSEEK_FACTS, json.dumps(sorted(constants)),
+                           json.dumps(v3_config)], capture_output=True, text=True, timeout=600,
+                          env={**jax_env, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"refused_backends": [True, True]}
-    model = REPO / "configs" / "models" / "tiny-deepseek-v3"
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts == {"constants": constants, "twin_reads": constants, "topk_groups_literal": True,
+                     "asserts_quantization": True}
+    models = REPO / "configs" / "models"
     mla = "additional_config: {sharding: {sharding_strategy: {enable_dp_attention: true}}}"
-    for env, refused in (("", True), (", MODEL_IMPL_TYPE: vllm", False), (", MODEL_IMPL_TYPE: flax_nnx", True)):
-        assert_plan_verdict(tmp_path, jax_env, f"model: {model}, env: {{NEW_MODEL_DESIGN: 1{env}}}, "
-                            f"engine: {{{mla}}}", refused,
-                            "JAX DeepseekV3ForCausalLM cannot start on the dummy weights", "MODEL_IMPL_TYPE: vllm")
+    for fields, refused, reason in (
+            (f"model: {models / 'tiny-deepseek-v3-bf16'}", True, "serves only an FP8 checkpoint"),
+            (f"model: {models / 'tiny-deepseek-v3'}", False, ""),
+            (f"model: {models / 'tiny-deepseek-v3'}, device: tpu, accelerator: v6e-1", True, "hidden_size 64 (not 7168)"),
+            (f"model: {models / 'tiny-deepseek-v3'}, engine: {{hf_overrides: {{topk_group: 2}}, {mla}}}", True,
+             "topk_group 2 (not 4)"),
+            (f"model: {models / 'tiny-deepseek-v3-bf16'}, env: {{NEW_MODEL_DESIGN: 1, MODEL_IMPL_TYPE: vllm}}", False, "")):
+        env = "" if "env:" in fields else ", env: {NEW_MODEL_DESIGN: 1}"
+        engine = "" if "engine:" in fields else f", engine: {{{mla}}}"
+        assert_plan_verdict(tmp_path, jax_env, fields + env + engine, refused, reason, "MODEL_IMPL_TYPE: vllm")

@@ -1,6 +1,7 @@
 """The model zoo end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml (dense
 Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin_moe where
-the model takes tpu-inference's GMM backend; DeepSeek V3 through vLLM's model, on the MLA kernel's twin) builds
+the model takes tpu-inference's GMM backend; DeepSeek V3, JAX-native and through vLLM's model, on the MLA
+kernel's twin) builds
 every planned graph, a fresh process replays it with zero misses, and for one model of each MoE path and for
 DeepSeek V3 the stock server compiles nothing after ready. One build per entry.
 """
@@ -109,8 +110,6 @@ print(json.dumps({name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in 
 """
 # tpu-inference's JAX architectures the twins do not build yet, each with the reason (README: the support table).
 NOT_YET = {
-    "DeepseekV3ForCausalLM": "its JAX model cannot start on dummy weights (refused at plan); vLLM's DeepseekV3 "
-                             "through torchax is built (zoo-jax.yaml: deepseek-v3)",
     "Llama4ForConditionalGeneration": "a vision model (tpu-inference serves it as LlamaGuard 4): families not planned",
     "Gemma4ForConditionalGeneration": "a vision model: its families are not planned",
 }

@@ -6,8 +6,9 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 
 * buckets       -- tpu-inference's paddings and precompile loops as a plan (no JAX; the core imports it)
 * twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_JAX_CPU_TWIN=1
-* twin, twin_attention, twin_moe -- the CPU twin's patches, its jittable ragged paged attention and MoE
-  grouped matmul
+* twin, twin_attention, twin_moe, twin_deepseek -- the CPU twin's patches, its jittable ragged paged and MLA
+  attention, its MoE grouped matmul, the JAX DeepSeek V3 at its config's sizes
+* serving_fixes, dummy_weights -- what the plugin mends in the stack wherever it is installed
 * engine        -- entry -> environment + vllm.LLM arguments (every graph persisted)
 * probe, instrument -- JAX cache evidence per precompile call and per runtime step
 * watcher       -- the serving guard's JAX compile counter (aotc/guard.py)
@@ -64,5 +65,5 @@ SPEC = TpuInferenceRunner(
     cache_loads=True,
     kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
-                  "aotc.runners.tpu_inference.twin_moe"),
+                  "aotc.runners.tpu_inference.twin_moe", "aotc.runners.tpu_inference.twin_deepseek"),
 )

@@ -15,7 +15,7 @@ def validate(entry, hf_config: dict | None) -> list[str]:
     # CacheConfig.block_size is any positive int in vLLM 0.32 (the schema's minimum of 1 already says so)
     return (vllm_rules.common(entry, hf_config) + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform")
             + untied_jax_qwen2(entry, hf_config) + mla_settings(entry, hf_config)
-            + dflash_untied_target(entry, hf_config) + jax_deepseek_on_dummy_weights(entry, hf_config))
+            + dflash_untied_target(entry, hf_config) + jax_deepseek_v3(entry, hf_config))
 
 
 def on_jax_path(entry) -> bool:
@@ -93,13 +93,61 @@ def dflash_untied_target(entry, hf_config: dict | None) -> list[str]:
             "AttributeError at start-up); a DFlash target on its JAX path needs tie_word_embeddings true"]
 
 
-def jax_deepseek_on_dummy_weights(entry, hf_config: dict | None) -> list[str]:
-    """aotc builds on dummy weights, which tpu-inference 0.32's JAX DeepseekV3ForCausalLM cannot start on: its
-    constructor refuses them on every production MoE backend (GMM TP/EP, fused MoE), and past that its dummy
-    loader leaves the RoPE table unbuilt and kv_b_proj unsplit (the checkpoint loader does both, and splits only
-    an FP8 checkpoint). vLLM's DeepseekV3 through torchax (MODEL_IMPL_TYPE: vllm) builds and serves."""
+# tpu-inference 0.32's JAX DeepSeek V3 (models/jax/deepseek_v3.py) reads every size but the layer count from its
+# module constants, DeepSeek V3's: constant -> (the config key it stands for, its value). The router's group
+# top-k is a literal 4 there (topk_groups=4), listed under None.
+JAX_DEEPSEEK_V3_CONSTANTS = {
+    "num_local_experts": ("n_routed_experts", 256), "vocab_size": ("vocab_size", 129280),
+    "hidden_size": ("hidden_size", 7168), "num_attention_heads": ("num_attention_heads", 128),
+    "num_key_value_heads": ("num_key_value_heads", 128), "ffw_intermediate_size": ("intermediate_size", 18432),
+    "moe_intermediate_size": ("moe_intermediate_size", 2048), "num_experts_per_token": ("num_experts_per_tok", 8),
+    "n_group": ("n_group", 8), "interleave_moe_layer_step": ("moe_layer_freq", 1), "hidden_act": ("hidden_act", "silu"),
+    "rms_norm_eps": ("rms_norm_eps", 1e-06), "routed_scaling_factor": ("routed_scaling_factor", 2.5),
+    "first_k_dense_replace": ("first_k_dense_replace", 3), "num_shared_experts": ("n_shared_experts", 1),
+    "rope_theta": ("rope_theta", 10000),
+    "rope_scaling": ("rope_scaling", {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                                      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                      "type": "yarn"}),
+    "q_lora_rank": ("q_lora_rank", 1536), "kv_lora_rank": ("kv_lora_rank", 512),
+    "qk_nope_head_dim": ("qk_nope_head_dim", 128), "qk_rope_head_dim": ("qk_rope_head_dim", 64),
+    "v_head_dim": ("v_head_dim", 128), None: ("topk_group", 4),
+}
+
+
+def deepseek_config_value(config, key: str):
+    """`key` of a DeepSeek V3 config (config.json as a dict, or transformers' config object, which keeps
+    rope_theta in rope_parameters)."""
+    value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+    if value is None and key == "rope_theta":
+        return deepseek_config_value(config, "rope_parameters")["rope_theta"]
+    return value
+
+
+def _differs(value, expected) -> bool:
+    if isinstance(expected, dict):  # transformers adds keys of its own to rope_scaling
+        return not isinstance(value, dict) or any(value.get(k) != v for k, v in expected.items())
+    return value != expected
+
+
+def jax_deepseek_v3(entry, hf_config: dict | None) -> list[str]:
+    """tpu-inference 0.32's JAX DeepseekV3ForCausalLM, the default for that architecture, serves only:
+    * an FP8 checkpoint: its MLAEinsum dequantizes kv_b_proj at load and asserts a quantization config;
+    * DeepSeek V3's sizes (V3, R1, V3.1), its module constants: a checkpoint of other sizes (Kimi K2,
+      DeepSeek V2) fails to load. The CPU twin builds the model at its config's sizes (twin_deepseek), so this
+      holds for `device: tpu` only; the router's literal group top-k (4) holds everywhere.
+    vLLM's DeepseekV3 through torchax (MODEL_IMPL_TYPE: vllm) takes any of them."""
     if "DeepseekV3ForCausalLM" not in ((hf_config or {}).get("architectures") or []) or not on_jax_path(entry):
         return []
-    return ["env.MODEL_IMPL_TYPE: tpu-inference 0.32's JAX DeepseekV3ForCausalLM cannot start on the dummy weights "
-            "aotc builds with (it refuses them on its MoE backends: \"Random / dummy weights are not supported\"); "
-            "set MODEL_IMPL_TYPE: vllm (vLLM's DeepseekV3 through torchax) in the entry and the pod"]
+    reasons = []
+    if not hf_config.get("quantization_config") and not entry.engine.get("quantization"):
+        reasons.append("an FP8 checkpoint (its MLAEinsum asserts a quantization config)")
+    checked = (JAX_DEEPSEEK_V3_CONSTANTS.items() if entry.device == "tpu"
+               else [(None, JAX_DEEPSEEK_V3_CONSTANTS[None])])
+    differing = [f"{key} {deepseek_config_value(hf_config, key)!r} (not {value!r})" for _, (key, value) in checked
+                 if _differs(deepseek_config_value(hf_config, key), value)]
+    if differing:
+        reasons.append("DeepSeek V3's sizes, fixed in its code: " + ", ".join(differing))
+    if not reasons:
+        return []
+    return ["env.MODEL_IMPL_TYPE: tpu-inference 0.32's JAX DeepseekV3ForCausalLM serves only " + "; and ".join(reasons)
+            + "; set MODEL_IMPL_TYPE: vllm (vLLM's DeepseekV3 through torchax)"]

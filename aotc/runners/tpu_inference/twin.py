@@ -120,9 +120,10 @@ def install() -> None:
     compiler_options.get_sampling_compiler_options = no_compiler_options
 
     _patch_attention()
-    from . import twin_moe
+    from . import twin_deepseek, twin_moe
 
     twin_moe.install()
+    twin_deepseek.install()
     _patch_imported_names()
 
 

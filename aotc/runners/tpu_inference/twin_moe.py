@@ -105,11 +105,13 @@ def ragged_gather(x: jax.Array, indices: jax.Array, start: jax.Array, end: jax.A
 
 
 def install() -> None:
-    """Point fused_moe_gmm's kernel names at the twin (it imported them by name)."""
+    """Point fused_moe_gmm's kernel names at the twin (it imported them by name), and the quantized linear
+    layers' (a weight with block scales runs through gmm_v2 as one group)."""
     from tpu_inference.kernels.sparse_core import dense_gather_reduce, ragged_gather_reduce_v2
-    from tpu_inference.layers.common import fused_moe_gmm
+    from tpu_inference.layers.common import fused_moe_gmm, linear
 
     fused_moe_gmm.gmm_v2 = gmm_v2
+    linear.gmm_v2 = gmm_v2
     fused_moe_gmm.dense_gather_reduce = dense_gather_reduce._jax_fallback
     fused_moe_gmm.ragged_gather_reduce = ragged_gather_reduce_v2._fallback_implementation
     fused_moe_gmm.ragged_gather = ragged_gather
