@@ -477,3 +477,21 @@ def test_jax_deepseek_v3_rule_is_the_stacks_own_code(jax_env, tmp_path):
         env = "" if "env:" in fields else ", env: {NEW_MODEL_DESIGN: 1}"
         engine = "" if "engine:" in fields else f", engine: {{{mla}}}"
         assert_plan_verdict(tmp_path, jax_env, fields + env + engine, refused, reason, "MODEL_IMPL_TYPE: vllm")
+
+
+def test_dummy_weight_fix_acts_on_dummy_formats_only(jax_env):
+    """aotc's plugin rewrites the load format tpu-inference's _get_nnx_model sees: "dummy" becomes the stack's
+    own "jax_dummy" before an iterator-loaded model is built (its JAX DeepSeek V3 refuses "dummy"), and a
+    self-loaded draft after an iterator-loaded target sees "dummy" again (DFlash). Any format a server with real
+    weights starts with passes through untouched, inside the call and after it."""
+    real = ["auto", "safetensors", "runai_streamer"]
+    seen = run_jax(jax_env, CAPTURE.with_name("jax_dummy_weights.py"), {"formats": real + ["dummy", "jax_dummy"]})
+    for case in seen["seen"]:
+        fmt, iterator, draft = case["format"], case["iterator"], case["draft"]
+        if fmt in real:
+            expected = (fmt, fmt)
+        elif fmt == "dummy":
+            expected = ("jax_dummy", "jax_dummy") if iterator else ("dummy", "dummy")
+        else:  # a target already rewrote the format: a self-loaded draft loads on dummy weights, and only it
+            expected = ("dummy", "jax_dummy") if draft and not iterator else ("jax_dummy", "jax_dummy")
+        assert (case["inside"], case["after"]) == expected, case
