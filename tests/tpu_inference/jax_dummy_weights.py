@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from tpu_inference.models.jax.utils.weight_utils import LoadableWithIterator
 
-from aotc.runners.tpu_inference.dummy_weights import draft_with_dummy_weights
+from aotc.runners.tpu_inference.dummy_weights import loading_on_dummy_formats_fixed
 
 
 class IteratorLoaded(LoadableWithIterator):
@@ -26,7 +26,7 @@ class SelfLoaded:
 def seen(load_format: str, model_class: type, draft: bool) -> dict:
     config = SimpleNamespace(load_config=SimpleNamespace(load_format=load_format))
     inside = []
-    wrapped = draft_with_dummy_weights(lambda cls, cfg, *a, **k: inside.append(cfg.load_config.load_format))
+    wrapped = loading_on_dummy_formats_fixed(lambda cls, cfg, *a, **k: inside.append(cfg.load_config.load_format))
     wrapped(model_class, config, None, None, is_draft_model=draft)
     return {"format": load_format, "iterator": model_class is IteratorLoaded, "draft": draft, "inside": inside[0],
             "after": config.load_config.load_format}

@@ -43,7 +43,7 @@ def install() -> None:
 def _fix_model_loader(module) -> None:
     if getattr(module._get_nnx_model, INSTALLED, False):
         return
-    module._get_nnx_model = draft_with_dummy_weights(module._get_nnx_model)
+    module._get_nnx_model = loading_on_dummy_formats_fixed(module._get_nnx_model)
 
 
 def rewritten_dummy_format() -> str:
@@ -53,9 +53,9 @@ def rewritten_dummy_format() -> str:
     return "pathways_dummy" if vllm_envs.VLLM_TPU_USING_PATHWAYS else "jax_dummy"
 
 
-def draft_with_dummy_weights(get_nnx_model):
+def loading_on_dummy_formats_fixed(get_nnx_model):
     @functools.wraps(get_nnx_model)
-    def get_nnx_model_dummy_draft(model_class, vllm_config, *args, is_draft_model=False, **kwargs):
+    def get_nnx_model_on_dummy_formats_fixed(model_class, vllm_config, *args, is_draft_model=False, **kwargs):
         from tpu_inference.models.jax.utils.weight_utils import LoadableWithIterator
 
         load_config = vllm_config.load_config
@@ -66,8 +66,8 @@ def draft_with_dummy_weights(get_nnx_model):
         with attribute_set(load_config, "load_format", "dummy") if dummy_draft else contextlib.nullcontext():
             return get_nnx_model(model_class, vllm_config, *args, is_draft_model=is_draft_model, **kwargs)
 
-    setattr(get_nnx_model_dummy_draft, INSTALLED, True)
-    return get_nnx_model_dummy_draft
+    setattr(get_nnx_model_on_dummy_formats_fixed, INSTALLED, True)
+    return get_nnx_model_on_dummy_formats_fixed
 
 
 def _fix_dummy_loader(module) -> None:

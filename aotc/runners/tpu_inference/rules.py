@@ -143,8 +143,8 @@ def jax_deepseek_v3(entry, hf_config: dict | None) -> list[str]:
         reasons.append("an FP8 checkpoint (its MLAEinsum asserts a quantization config)")
     checked = (JAX_DEEPSEEK_V3_CONSTANTS.items() if entry.device == "tpu"
                else [(None, JAX_DEEPSEEK_V3_CONSTANTS[None])])
-    differing = [f"{key} {deepseek_config_value(hf_config, key)!r} (not {value!r})" for _, (key, value) in checked
-                 if _differs(deepseek_config_value(hf_config, key), value)]
+    found = {key: deepseek_config_value(hf_config, key) for _, (key, _) in checked}
+    differing = [f"{key} {found[key]!r} (not {value!r})" for _, (key, value) in checked if _differs(found[key], value)]
     if differing:
         reasons.append("DeepSeek V3's sizes, fixed in its code: " + ", ".join(differing))
     if not reasons:
