@@ -381,13 +381,6 @@ SPECULATIVE_UNSERVED = {
 }
 
 
-# With a vision-language model: tpu-inference 0.32 raises on prompt logprobs inside the engine core's step.
-MULTIMODAL_UNSERVED = {
-    "prompt_logprobs": "tpu-inference 0.32 raises 'prompt_logprobs is not supported for multimodal models' in the "
-                       "engine core's step (TPUModelRunner._execute_model), which kills the server",
-}
-
-
 def unserved_options(entry: Entry) -> dict[str, str]:
     """Request options the stock server cannot serve for this entry: the stack's (RunnerSpec.unserved), and
     with speculative decoding vLLM's own refusals, with images the stack's multimodal ones."""
@@ -395,7 +388,7 @@ def unserved_options(entry: Entry) -> dict[str, str]:
     if entry.engine.get("speculative_config"):
         unserved.update(SPECULATIVE_UNSERVED)
     if entry.backend.traffic_images(entry, hf_config(entry)):
-        unserved.update(MULTIMODAL_UNSERVED)
+        unserved.update(entry.backend.unserved_with_images)
     return unserved
 
 

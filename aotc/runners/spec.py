@@ -51,6 +51,8 @@ class RunnerSpec:
     unserved: Mapping[str, str] = field(default_factory=dict)
     """Request options the stock server of this stack cannot serve -> why (the upstream reference). The
     canary leaves them out of its load and reports each one: a documented limitation, never a silent skip."""
+    unserved_with_images: Mapping[str, str] = field(default_factory=dict)
+    """As ``unserved``, for an entry whose server is sent images (``traffic_images``)."""
     pins: Mapping[str, str] = field(default_factory=dict)
     """The versions of ``packages`` this aotc supports (its lock file; a test keeps them equal): the
     fingerprint's versions where the runner's interpreter is not installed, e.g. a fetch init container."""

@@ -4,7 +4,7 @@ tokenizer (tiny-llama's), for dummy-weight builds on the CPU twins. No weights, 
 Each config is the architecture's real config.json shape with every size cut down: 2 layers, hidden 64,
 the demo's 512-token vocabulary. A vision-language model (VISION_ZOO) adds a 2-block vision tower, the
 demo tokenizer with its image special tokens appended, and the image processor's preprocessor_config.json
-bounding every image to a few patches. A speculative-decoding draft (DRAFTS) is a config.json alone: vLLM
+bounding every image to a few patches (and the processor's processor_config.json where it reads one). A speculative-decoding draft (DRAFTS) is a config.json alone: vLLM
 gives a draft the target's tokenizer. Run once after editing ZOO, VISION_ZOO or DRAFTS; the output is
 committed.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -129,27 +130,58 @@ DRAFTS: dict[str, dict] = {
 
 
 # Qwen2.5-VL: the image special tokens after the demo's 512 ids; M-RoPE sections split head_dim / 2 = 8.
-VISION_TOKENS = {"<|vision_start|>": 512, "<|vision_end|>": 513, "<|image_pad|>": 514, "<|video_pad|>": 515}
 PATCH, MERGE, TEMPORAL = 14, 2, 2
-VISION_ZOO: dict[str, dict] = {
-    "tiny-qwen2_5-vl": {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-                        "vocab_size": 528, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
-                        "vision_start_token_id": 512, "vision_end_token_id": 513, "image_token_id": 514,
-                        "video_token_id": 515,
-                        "vision_config": {"depth": 2, "hidden_size": 32,
-                                          "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                                          "in_channels": 3, "patch_size": PATCH, "spatial_merge_size": MERGE,
-                                          "temporal_patch_size": TEMPORAL, "window_size": 112,
-                                          "fullatt_block_indexes": [1], "tokens_per_second": 2,
-                                          "hidden_act": "silu"}},
+NORMALIZE = {"do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+             "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+# LLaVA 1.5: a CLIP tower over 126x126 pixels (9x9 patches, its class token dropped: 81 image tokens an image,
+# whatever the image's size, as 336 pixels give 576), a 2-layer projector, a Llama.
+LLAVA_IMAGE = 126
+
+
+@dataclass(frozen=True)
+class VisionModel:
+    config: dict
+    tokens: dict[str, int]  # special tokens appended to the demo tokenizer, at these ids
+    preprocessor: dict  # preprocessor_config.json: the image processor
+    processor: dict | None = None  # processor_config.json, where the model's processor reads one
+
+
+VISION_ZOO: dict[str, VisionModel] = {
+    "tiny-qwen2_5-vl": VisionModel(
+        config={"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+                "vocab_size": 528, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+                "vision_start_token_id": 512, "vision_end_token_id": 513, "image_token_id": 514,
+                "video_token_id": 515,
+                "vision_config": {"depth": 2, "hidden_size": 32,
+                                  "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                                  "in_channels": 3, "patch_size": PATCH, "spatial_merge_size": MERGE,
+                                  "temporal_patch_size": TEMPORAL, "window_size": 112,
+                                  "fullatt_block_indexes": [1], "tokens_per_second": 2,
+                                  "hidden_act": "silu"}},
+        tokens={"<|vision_start|>": 512, "<|vision_end|>": 513, "<|image_pad|>": 514, "<|video_pad|>": 515},
+        # Qwen2VLImageProcessor: every image resized to 56x56 .. 112x112 pixels, i.e. 4 .. 16 patches a side,
+        # 4 .. 16 image tokens after the 2x2 merge.
+        preprocessor={"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+                      "min_pixels": 56 * 56, "max_pixels": 112 * 112, "patch_size": PATCH, "merge_size": MERGE,
+                      "temporal_patch_size": TEMPORAL, "do_resize": True, **NORMALIZE}),
+    "tiny-llava": VisionModel(
+        config={"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+                "image_token_index": 512, "projector_hidden_act": "gelu", "vision_feature_layer": -2,
+                "vision_feature_select_strategy": "default", "tie_word_embeddings": False,
+                "text_config": {**COMMON, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                "vocab_size": 528},
+                "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                                  "num_attention_heads": 2, "num_hidden_layers": 2, "image_size": LLAVA_IMAGE,
+                                  "patch_size": PATCH, "projection_dim": 64, "hidden_act": "quick_gelu"},
+                "torch_dtype": "bfloat16"},
+        tokens={"<image>": 512},
+        preprocessor={"image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
+                      "size": {"shortest_edge": LLAVA_IMAGE},
+                      "crop_size": {"height": LLAVA_IMAGE, "width": LLAVA_IMAGE}, "do_resize": True,
+                      "do_center_crop": True, "resample": 3, **NORMALIZE},
+        processor={"processor_class": "LlavaProcessor", "image_token": "<image>", "patch_size": PATCH,
+                   "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}),
 }
-# Qwen2VLImageProcessor: every image resized to 56x56 .. 112x112 pixels, i.e. 4 .. 16 patches a side,
-# 4 .. 16 image tokens after the 2x2 merge.
-PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
-                "min_pixels": 56 * 56, "max_pixels": 112 * 112, "patch_size": PATCH, "merge_size": MERGE,
-                "temporal_patch_size": TEMPORAL, "do_resize": True, "do_rescale": True, "do_normalize": True,
-                "do_convert_rgb": True, "rescale_factor": 1 / 255,
-                "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
 
 
 def write(name: str, fields: dict, tokenizer: bool = True) -> Path:
@@ -164,14 +196,16 @@ def write(name: str, fields: dict, tokenizer: bool = True) -> Path:
     return out
 
 
-def write_vision(name: str, fields: dict) -> Path:
+def write_vision(name: str, model: VisionModel) -> Path:
     """A vision-language model: its config, the demo tokenizer with the image tokens, the image processor."""
-    out = write(name, fields)
+    out = write(name, model.config)
     tokenizer = json.loads((TOKENIZER / "tokenizer.json").read_text())
     tokenizer["added_tokens"] += [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
-                                   "normalized": False, "special": True} for token, i in VISION_TOKENS.items()]
+                                   "normalized": False, "special": True} for token, i in model.tokens.items()]
     (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False) + "\n")
-    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2) + "\n")
+    (out / "preprocessor_config.json").write_text(json.dumps(model.preprocessor, indent=2) + "\n")
+    if model.processor is not None:
+        (out / "processor_config.json").write_text(json.dumps(model.processor, indent=2) + "\n")
     return out
 
 
@@ -180,8 +214,8 @@ def main() -> None:
         print(write(name, fields))
     for name, fields in DRAFTS.items():
         print(write(name, fields, tokenizer=False))
-    for name, fields in VISION_ZOO.items():
-        print(write_vision(name, fields))
+    for name, model in VISION_ZOO.items():
+        print(write_vision(name, model))
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ def vllm_plan(entry: dict) -> list[dict]:
     backbone_reqs = min(PallasAttentionBackend.get_max_num_seqs(entry["max_model_len"], page), max_reqs)
     blocks = cdiv(entry["max_model_len"], page)
 
-    plan = [{"family": "backbone", "shape": {"num_tokens": t, "num_reqs": backbone_reqs, "num_blocks": blocks}}
-            for t in tokens]
+    plan = vllm_mm_plan(entry, tokens)
+    plan += [{"family": "backbone", "shape": {"num_tokens": t, "num_reqs": backbone_reqs, "num_blocks": blocks}}
+             for t in tokens]
     for t in tokens:
         for r in reqs:
             plan.append({"family": "select_hidden_states", "shape": {"num_tokens": t, "num_reqs": r}})
@@ -70,6 +71,51 @@ def vllm_plan(entry: dict) -> list[dict]:
              for r in reqs for g in (False, True)]
     plan += [{"family": "gather_logprobs", "shape": {"num_reqs": r}} for r in reqs]
     return plan
+
+
+def vllm_mm_budget(entry: dict):
+    """vLLM's own MultiModalBudget for an entry (what TPUModelRunner._precompile_mm_encoder loops over)."""
+    from vllm.config import ModelConfig, SchedulerConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.v1.worker.utils import MultiModalBudget
+
+    engine = entry.get("engine") or {}
+    model = ModelConfig(model=entry.get("model_path") or entry["model"], max_model_len=entry["max_model_len"],
+                        limit_mm_per_prompt=engine.get("limit_mm_per_prompt"), dtype=entry["dtype"])
+    scheduler = SchedulerConfig(max_num_batched_tokens=entry["max_num_batched_tokens"],
+                                max_num_seqs=entry["max_num_seqs"], max_model_len=entry["max_model_len"],
+                                enable_chunked_prefill=engine.get("enable_chunked_prefill", True),
+                                is_multimodal_model=True, is_encoder_decoder=False)
+    return MultiModalBudget(model, scheduler, MULTIMODAL_REGISTRY)
+
+
+def vllm_mm_plan(entry: dict, tokens: list[int]) -> list[dict]:
+    """_precompile_mm_encoder's graphs, from vLLM's budget: per image count the encoder, then the input embedding
+    at each token bucket holding that many images; the text-only embedding per token bucket. [] for a text
+    model."""
+    config = json.loads((Path(entry.get("model_path") or entry["model"]) / "config.json").read_text())
+    if "vision_config" not in config:
+        return []
+    budget = vllm_mm_budget(entry)
+    per_image = budget.max_tokens_by_modality["image"]
+    plan = []
+    for items in range(1, budget.max_items_per_batch_by_modality["image"] + 1):
+        plan.append({"family": "mm_encoder", "shape": {"num_items": items}})
+        plan += [{"family": "embed_inputs", "shape": {"num_tokens": t, "num_items": items}}
+                 for t in tokens if t >= items * per_image]
+    return plan + [{"family": "embed_inputs", "shape": {"num_tokens": t, "num_items": 0}} for t in tokens]
+
+
+def assert_built_as_planned(entry, report: dict, artifact: Path) -> None:
+    """An `aotc build --json` entry report and its artifact: every planned graph has cache files, no problem."""
+    from aotc.plan import plan_entry
+
+    planned = plan_entry(entry).graphs
+    assert report["ok"] and report["problems"] == []
+    assert report["planned"] == report["graphs_with_keys"] == len(planned)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    with_keys = {(g["family"], json.dumps(g["shape"], sort_keys=True)) for g in manifest["graphs"] if g["keys"]}
+    assert {(g.family, json.dumps(g.shape_dict, sort_keys=True)) for g in planned} <= with_keys
 
 
 @dataclass

@@ -15,7 +15,7 @@ from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 
 from ..conftest import CONFIGS, run_aotc
-from .conftest import vllm_plan
+from .conftest import assert_built_as_planned, vllm_plan
 
 ZOO = CONFIGS / "zoo-vllm-tpu.yaml"
 ENTRIES = {entry.name: entry for entry in load_matrix(ZOO).entries}
@@ -39,10 +39,6 @@ def test_each_zoo_plan_is_vllms_own_capture_loops(name):
     assert [g.to_dict() for g in plan_entry(entry).graphs] == vllm_plan(entry.to_dict())
 
 
-def graph_id(graph: dict) -> tuple[str, str]:
-    return graph["family"], json.dumps(graph["shape"], sort_keys=True)
-
-
 @pytest.fixture(scope="module", params=sorted(ENTRIES))
 def built(request, tmp_path_factory):
     """(entry, `aotc build --json` entry report, artifact dir): one build per zoo entry."""
@@ -63,12 +59,7 @@ def verified(built):
 
 @pytest.mark.slow
 def test_zoo_entry_builds_every_planned_graph(built):
-    entry, report, artifact = built
-    planned = plan_entry(entry).graphs
-    assert report["ok"] and report["problems"] == []
-    assert report["planned"] == report["graphs_with_keys"] == len(planned)
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    assert {graph_id(g.to_dict()) for g in planned} <= {graph_id(g) for g in manifest["graphs"] if g["keys"]}
+    assert_built_as_planned(*built)
 
 
 @pytest.mark.slow

@@ -62,6 +62,9 @@ SPEC = TpuInferenceRunner(
     # wraps in EngineGenerateError: the refusal reaches the client as HTTP 500 with an empty message.
     unserved={"seed": "tpu-inference refuses a per-request seed ('JAX does not support per-request seed.', "
                       "TpuPlatform.validate_request); vLLM 0.32 answers it with HTTP 500 and an empty message"},
+    unserved_with_images={"prompt_logprobs": "tpu-inference 0.32 raises 'prompt_logprobs is not supported for "
+                                             "multimodal models' in the engine core's step "
+                                             "(TPUModelRunner._execute_model), which kills the server"},
     cache_loads=True,
     kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",

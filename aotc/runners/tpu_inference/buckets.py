@@ -18,6 +18,7 @@ import json
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
+from aotc.runners.multimodal import is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
@@ -159,10 +160,6 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     return list(dict.fromkeys(graphs))  # a loop that repeats a shape (attention request buckets) compiles it once
 
 
-def is_multimodal(hf_config: dict | None) -> bool:
-    return bool(hf_config) and any(k in hf_config for k in ("vision_config", "audio_config"))
-
-
 def check_multimodal(entry: Entry, hf_config: dict) -> None:
     architectures = set(hf_config.get("architectures") or [])
     if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES or "audio_config" in hf_config:
@@ -227,12 +224,6 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
               or (DYNAMIC_IMAGE_SHAPES if extra.get("enable_dynamic_image_sizes") else DEFAULT_IMAGE_SHAPES))
     sides = [(max(1, round(h / factor)), max(1, round(w / factor))) for h, w in shapes]
     return tuple((h * factor, w * factor, h * w) for h, w in sides)
-
-
-def images_per_prompt(entry: Entry) -> int:
-    """At most two images a prompt, within the engine's limit_mm_per_prompt (vLLM's default: one)."""
-    limit = (entry.engine.get("limit_mm_per_prompt") or {}).get("image", 1)
-    return max(1, min(2, int(limit)))
 
 
 def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) -> list[GraphSpec]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from aotc.runners.engine_common import apply_env, llm_args
 from aotc.runners.engine_common import engine_args as common_engine_args
+from aotc.runners.multimodal import entry_is_multimodal, text_vocab_size
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
 
@@ -145,35 +146,8 @@ def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
 
     # Prompts are token ids here; the tokenizer changes no graph. A multimodal model's input processor needs it
     # (it expands each image placeholder to the image's tokens): vLLM refuses skip_tokenizer_init there.
-    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=not is_multimodal(entry), disable_log_stats=True)
+    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=not entry_is_multimodal(entry), disable_log_stats=True)
     return llm, time.perf_counter() - started
 
 
-def is_multimodal(entry: dict[str, Any]) -> bool:
-    from aotc.matrix import Entry
-    from aotc.matrix import hf_config
-
-    from . import buckets
-
-    return buckets.is_multimodal(hf_config(Entry.from_dict(entry)))
-
-
-def vocab_size(llm) -> int:
-    """Ids random prompts may use: the model's vocabulary up to its first image special token (an image
-    placeholder without its image would fail the request)."""
-    hf_config = llm.llm_engine.model_config.hf_config
-    specials = [getattr(hf_config, name, None) for name in IMAGE_TOKEN_FIELDS]
-    return min([llm.llm_engine.model_config.get_vocab_size(), *(i for i in specials if isinstance(i, int))])
-
-
-# hf_config fields naming a vision-language model's special tokens (Qwen2.5-VL's)
-IMAGE_TOKEN_FIELDS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
-
-
-def image_placeholder(llm) -> tuple[int, ...]:
-    """The token ids that stand for one image in a prompt (vLLM expands the pad token to the image's tokens);
-    () for a model without images."""
-    hf_config = llm.llm_engine.model_config.hf_config
-    ids = tuple(getattr(hf_config, name, None) for name in ("vision_start_token_id", "image_token_id",
-                                                             "vision_end_token_id"))
-    return ids if all(isinstance(i, int) for i in ids) else ()
+vocab_size = text_vocab_size  # the runner's traffic API

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +10,7 @@ from aotc.runners.flags import xla_flags
 from aotc.matrix import Entry
 from aotc.matrix import hf_config
 from aotc.runners import traffic
+from aotc.runners.multimodal import with_images
 
 from . import beyond_warmup, buckets, engine, instrument, twin_plugin
 from .probe import Probe
@@ -59,9 +59,7 @@ def drive_traffic(llm: Any, entry: dict[str, Any], seed: int, requests: int) -> 
     # vLLM rejects prompt logprobs for a multimodal model
     limits = traffic.Limits.of(entry, p["reqs"], prompt_logprob_buckets=() if images else p["tokens"],
                                token_buckets=p["tokens"])
-    if images:
-        limits = dataclasses.replace(limits, image_sizes=images, images_per_prompt=buckets.images_per_prompt(matrix_entry),
-                                     image_placeholder=engine.image_placeholder(llm))
+    limits = with_images(limits, matrix_entry, images, llm)
     batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(llm))
     if buckets.speculative_config(matrix_entry):
         batches = without_params(batches, SPECULATIVE_REJECTS)

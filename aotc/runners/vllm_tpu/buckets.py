@@ -10,6 +10,7 @@ from __future__ import annotations
 from aotc.matrix import Entry
 from aotc.graphs import GraphSpec
 # MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
+from aotc.runners.multimodal import is_multimodal
 from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
                                    page_size, req_paddings, token_paddings)
 
@@ -27,10 +28,6 @@ def max_num_seqs_for_len(model_len: int, block_size: int) -> int:
     return 1024 * 1024 // 2 // cdiv(model_len, block_size) // 4
 
 
-def is_multimodal(hf_config: dict | None) -> bool:
-    return bool(hf_config) and any(k in hf_config for k in ("vision_config", "audio_config"))
-
-
 def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]:
     """Every graph ``TPUModelRunner.capture_model`` compiles, in its order."""
     gap = int(entry.env.get("VLLM_TPU_BUCKET_PADDING_GAP", 0))
@@ -42,9 +39,7 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
 
     graphs: list[GraphSpec] = []
     if is_multimodal(hf_config):
-        # Only the text-only embedding is shape-determined; encoder item counts come from the
-        # processor and are caught by the traffic sweep.
-        graphs += [GraphSpec.of("mm_encoder", num_tokens=t) for t in tokens]
+        graphs += multimodal_graphs(entry, hf_config, tokens)
     backbone_variants = [(min(max_num_seqs_for_len(entry.max_model_len, block_size), max_num_reqs),
                           cdiv(entry.max_model_len, block_size))]
     if most_model_len is not None:
@@ -63,6 +58,56 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     graphs += [GraphSpec.of("sample_from_logits", num_reqs=r, all_greedy=g) for r in reqs for g in (False, True)]
     graphs += [GraphSpec.of("gather_logprobs", num_reqs=r) for r in reqs]
     return graphs
+
+
+# vLLM 0.13 multimodal models the plan covers: an image's token count is fixed by the config (the image processor
+# resizes every image to the tower's size), so the encoder's graphs are known before any image arrives.
+PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"LlavaForConditionalGeneration"})
+
+
+def image_tokens(hf_config: dict) -> int:
+    """Tokens one image takes (LlavaProcessingInfo.get_num_image_tokens): a CLIP tower's patches, its class
+    token too under vision_feature_select_strategy 'full'."""
+    vision = hf_config["vision_config"]
+    patches = (vision.get("image_size", 224) // vision.get("patch_size", 32)) ** 2
+    return patches + (hf_config.get("vision_feature_select_strategy", "default") == "full")
+
+
+def max_images_per_batch(entry: Entry, hf_config: dict) -> int:
+    """MultiModalBudget.get_max_items (vllm/v1/worker/utils.py) for images: how many one step's encoder may
+    take, bounded by the encoder budget (max_num_batched_tokens, TpuPlatform forcing whole images) and by the
+    requests' images (limit_mm_per_prompt, vLLM's default 999)."""
+    per_image = image_tokens(hf_config)
+    budget = max(entry.max_num_batched_tokens, per_image)
+    limit = (entry.engine.get("limit_mm_per_prompt") or {}).get("image", 999)
+    per_prompt = max(1, min(limit, entry.max_model_len // per_image))
+    max_num_reqs = entry.max_num_seqs
+    if entry.engine.get("enable_chunked_prefill") is False:
+        max_num_reqs = min(max_num_reqs, entry.max_num_batched_tokens // per_image)
+    return max(1, min(budget // per_image, max_num_reqs * per_prompt))
+
+
+def multimodal_graphs(entry: Entry, hf_config: dict, tokens: list[int]) -> list[GraphSpec]:
+    """TPUModelRunner._precompile_mm_encoder: per image count up to a step's most, the encoder over that many
+    images, then the input embedding with their embeddings merged in at every token bucket that holds them;
+    last the input embedding of text alone (num_items 0) per token bucket."""
+    per_image = image_tokens(hf_config)
+    graphs = []
+    for items in range(1, max_images_per_batch(entry, hf_config) + 1):
+        graphs.append(GraphSpec.of("mm_encoder", num_items=items))
+        graphs += [GraphSpec.of("embed_inputs", num_tokens=t, num_items=items) for t in tokens if t >= items * per_image]
+    return graphs + [GraphSpec.of("embed_inputs", num_tokens=t, num_items=0) for t in tokens]
+
+
+# Images a sweep sends, [height, width]: sizes and aspects the processor resizes to the tower's one size.
+TRAFFIC_IMAGE_SHAPES = ([56, 56], [112, 84], [40, 72])
+
+
+def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
+    """(height, width, prompt tokens) of the images a sweep and the canary send; () for a text model."""
+    if not is_multimodal(hf_config):
+        return ()
+    return tuple((h, w, image_tokens(hf_config)) for h, w in TRAFFIC_IMAGE_SHAPES)
 
 
 def bucket_summary(entry: Entry) -> dict:

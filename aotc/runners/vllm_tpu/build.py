@@ -27,7 +27,7 @@ def run_build(request: Request) -> BuildResult:
     entry = request.entry
     llm, start_seconds = engine.start_engine(entry, request.cache_dir, request.seed)
     capture_records, _ = engine.worker_records(llm)
-    batches = traffic.plan_traffic(request.seed, request.traffic, entry, engine.vocab_size(llm))
+    batches = traffic.plan_traffic(request.seed, request.traffic, entry, llm)
     sent = traffic.run_traffic(llm, batches)
     recs, counters = engine.worker_records(llm)
     outside = [r for r in recs if r["kind"] == "outside" and touched(r)]

@@ -14,6 +14,7 @@ from typing import Any
 
 from aotc.runners.engine_common import apply_env, llm_args
 from aotc.runners.engine_common import engine_args as common_engine_args
+from aotc.runners.multimodal import entry_is_multimodal
 
 from .cpu_platform import ENV_FLAG as TWIN_FLAG
 
@@ -109,8 +110,10 @@ def start_engine(entry: dict[str, Any], cache_dir: str, seed: int, before_start=
     started = time.perf_counter()
     from vllm import LLM
 
-    # Prompts are token ids here; the tokenizer changes no graph.
-    llm = LLM(**llm_args(engine_args(entry, seed)), skip_tokenizer_init=True, disable_log_stats=True)
+    # Prompts are token ids here; the tokenizer changes no graph. A multimodal model's input processor needs it
+    # (it expands each image placeholder to the image's tokens): vLLM refuses skip_tokenizer_init there.
+    llm = LLM(**llm_args(engine_args(entry, seed)), skip_tokenizer_init=not entry_is_multimodal(entry),
+              disable_log_stats=True)
     return llm, time.perf_counter() - started
 
 

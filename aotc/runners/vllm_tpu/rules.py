@@ -15,7 +15,7 @@ def validate(entry, hf_config: dict | None) -> list[str]:
     if block is not None and block not in BLOCK_SIZES:
         problems.append(f"engine.block_size: {block} is not one of {list(BLOCK_SIZES)} (vllm serve --block-size choices, CacheConfig.BlockSize)")
     return (problems + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform") + lora(entry)
-            + speculative(entry) + data_parallel(entry))
+            + speculative(entry) + data_parallel(entry) + multimodal(entry, hf_config))
 
 
 def lora(entry) -> list[str]:
@@ -49,4 +49,38 @@ def data_parallel(entry) -> list[str]:
     if size > 1:
         return [f"engine.data_parallel_size: {size}: vLLM 0.13's TPU worker cannot serve data parallel (TPUWorker "
                 "has no execute_dummy_batch, which DPEngineCoreProc calls on an idle rank); use runner: tpu-inference"]
+    return []
+
+
+def multimodal(entry, hf_config: dict | None) -> list[str]:
+    """The plan covers the vision models whose image token count the config fixes (buckets.image_tokens), in
+    steps that encode one image: vLLM 0.13's TPUModelRunner._execute_mm_encoder caches a step's batched encoder
+    output (one [images, tokens, hidden] tensor) as its first image's alone, so the step's second image fails
+    with "Encoder cache miss" and the engine core dies, on a TPU as on the twin. A step encodes at most
+    max_num_batched_tokens // image tokens images (MultiModalBudget); TpuPlatform forces whole images, so vLLM
+    itself refuses a budget below one image."""
+    from .buckets import PLANNED_MULTIMODAL_ARCHITECTURES, image_tokens, is_multimodal
+
+    architectures = set((hf_config or {}).get("architectures") or [])
+    if not is_multimodal(hf_config):
+        return []
+    if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES:
+        return [f"model: the vllm-tpu plan covers the multimodal architectures "
+                f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))} (images of one size after the processor), "
+                f"not {', '.join(sorted(architectures)) or 'this config'}: its encoder's shapes depend on each "
+                "request's images; use runner: tpu-inference for Qwen2.5-VL"]
+    per_image, budget = image_tokens(hf_config), entry.max_num_batched_tokens
+    if budget < per_image:
+        return [f"max_num_batched_tokens: {budget} is below one image's {per_image} tokens, which vLLM 0.13's TPU "
+                "platform schedules whole (disable_chunked_mm_input; vLLM refuses: compute_mm_encoder_budget)"]
+    if entry.engine.get("enable_chunked_prefill") is not False:
+        return ["engine.enable_chunked_prefill: vLLM 0.13 serves images on a TPU with chunked prefill off only: its "
+                "scheduler splits an image that starts a step (the disable_chunked_mm_input rollback checks "
+                "num_computed_tokens < start_pos) while the TPU runner merges whole images (_gather_mm_embeddings), "
+                "so the step's masked_scatter fails to lower and the server dies: set enable_chunked_prefill: false"]
+    if budget >= 2 * per_image:
+        return [f"max_num_batched_tokens: {budget} lets one step encode {budget // per_image} images; vLLM 0.13's "
+                "TPU runner keeps only the first of a step's encoder batch (TPUModelRunner._execute_mm_encoder "
+                "caches the batched output as one item: the next image fails with 'Encoder cache miss' and the "
+                f"server dies): use {per_image} to {2 * per_image - 1} (one image a step), or runner: tpu-inference"]
     return []

@@ -205,3 +205,32 @@ class TwinPallasAttentionBackend(PallasAttentionBackend):
     @staticmethod
     def get_impl_cls() -> type[TwinPallasAttentionImpl]:
         return TwinPallasAttentionImpl
+
+
+def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=None, sm_scale=1.0, *, ab=None,
+                    partition_spec=None, mesh=None) -> torch.Tensor:
+    """torch_xla's Pallas `flash_attention` (vLLM 0.13's vision-encoder attention on a TPU) in plain torch.
+
+    q: [batch, heads, q_len, head_dim], k and v: [batch, heads, kv_len, head_dim]; the result has q's shape and
+    dtype, the products accumulated in float32 as the kernel does. Only what vLLM's `MultiHeadAttention` can
+    pass is taken (causal and a bias included); segment ids and SPMD sharding are not twinned.
+    """
+    if q_segment_ids is not None or kv_segment_ids is not None or partition_spec is not None:
+        raise NotImplementedError("the CPU twin's flash_attention takes no segment ids and no sharding")
+    logits = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float())
+    if ab is not None:  # before the scaling, as the kernel adds it
+        logits = logits + ab.float()
+    logits = logits * sm_scale
+    if causal:
+        rows = _iota_like(logits[0, 0, :, 0], torch.int32)
+        cols = _iota_like(logits[0, 0, 0, :], torch.int32)
+        logits = torch.where(cols[None, :] <= rows[:, None], logits, MASK_VALUE)
+    weights = torch.softmax(logits, dim=-1)
+    return torch.einsum("bhqk,bhkd->bhqd", weights, v.float()).to(q.dtype)
+
+
+def install_vision_attention() -> None:
+    """vLLM's `MultiHeadAttention` imports torch_xla's `flash_attention` at each call: the twin's from now on."""
+    import torch_xla.experimental.custom_kernel as custom_kernel
+
+    custom_kernel.flash_attention = flash_attention

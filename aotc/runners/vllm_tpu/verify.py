@@ -83,7 +83,7 @@ def run_verify(request: Request) -> VerifyResult:
         cache = shutil.copytree(request.cache_dir, f"{scratch}/cache")
         cache_files = len(snapshot(cache))
         llm, start_seconds = engine.start_engine(entry, cache, seed)
-        batches = traffic.plan_traffic(seed, request.traffic, entry, engine.vocab_size(llm))
+        batches = traffic.plan_traffic(seed, request.traffic, entry, llm)
         sent = traffic.run_traffic(llm, batches)
         recs, counters = engine.worker_records(llm)
 

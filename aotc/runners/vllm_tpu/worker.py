@@ -64,6 +64,35 @@ GRAPH_CALLS: dict[str, tuple[str, Callable[..., dict]]] = {
 }
 
 
+def _embedded_items(input_ids, mm_embed_inputs=None) -> dict:
+    """_get_model_inputs's shape: the padded token count and how many items' embeddings it merges in."""
+    return {"num_tokens": int(input_ids.shape[0]), "num_items": _count_items(mm_embed_inputs[0] if mm_embed_inputs else [])}
+
+
+def _count_items(embeddings) -> int:
+    """Items in vLLM's nested multimodal embeddings: a [items, rows, hidden] tensor or an item's [rows, hidden]."""
+    if hasattr(embeddings, "dim"):
+        return int(embeddings.shape[0]) if embeddings.dim() == 3 else 1
+    return sum(_count_items(e) for e in embeddings)
+
+
+def _encoded_items(**mm_kwargs) -> dict:
+    """embed_multimodal's shape: the items of its batched inputs (each input tensor leads with the items)."""
+    batched = [v for v in mm_kwargs.values() if hasattr(v, "shape")]
+    return {"num_items": int(batched[0].shape[0]) if batched else len(next(iter(mm_kwargs.values()), []))}
+
+
+# Lazy-tensor calls of a multimodal model, which compile at the torch_xla.sync the runner makes right after each
+# call (everywhere it calls them): measured with that sync inside the window. Runner or model attribute ->
+# (family, shape of the call).
+LAZY_MM_CALLS: dict[str, tuple[str, Callable[..., dict]]] = {
+    "_get_model_inputs": ("embed_inputs", _embedded_items),
+}
+LAZY_MODEL_CALLS: dict[str, tuple[str, Callable[..., dict]]] = {
+    "embed_multimodal": ("mm_encoder", _encoded_items),
+}
+
+
 def _wait_device() -> None:
     # Waits for queued executions only; unlike torch_xla.sync() it cannot cut
     # a lazy graph differently from an uninstrumented run.
@@ -145,8 +174,12 @@ class AotcTPUWorker(TPUWorker):
             setattr(runner, attr, self._wrap(getattr(runner, attr), "family", family, None))
         for attr, (family, shape_of) in GRAPH_CALLS.items():
             setattr(runner, attr, self._wrap(getattr(runner, attr), "call", family, shape_of))
+        if runner.supports_mm_inputs:
+            for owner, calls in ((runner, LAZY_MM_CALLS), (runner.model, LAZY_MODEL_CALLS)):
+                for attr, (family, shape_of) in calls.items():
+                    setattr(owner, attr, self._wrap(getattr(owner, attr), "call", family, shape_of, synced=True))
 
-    def _wrap(self, fn: Callable, kind: str, family: str, shape_of: Callable | None):
+    def _wrap(self, fn: Callable, kind: str, family: str, shape_of: Callable | None, synced: bool = False):
         probe = self.probe
 
         @functools.wraps(fn)
@@ -155,6 +188,10 @@ class AotcTPUWorker(TPUWorker):
             started = time.perf_counter()
             with probe.window(kind, family, shape):
                 result = fn(*args, **kwargs)
+                if synced:
+                    import torch_xla
+
+                    torch_xla.sync(wait=False)
             if kind == "family":
                 report_progress(family, time.perf_counter() - started)
             return result
@@ -186,7 +223,8 @@ def _step_shape(runner, what: str, num_reqs: int, num_tokens: int) -> dict[str, 
 class CpuTwin:
     """The TPU worker on PJRT CPU: same runner, same graphs, no TPU (a mixin before a TPUWorker).
 
-    It also gives torch_xla's Pallas grouped matmul (vLLM's TPU MoE) its CPU kernel (twin_moe).
+    It also gives torch_xla's Pallas grouped matmul (vLLM's TPU MoE) its CPU kernel (twin_moe), and its Pallas
+    flash attention (vLLM's vision encoders) its CPU twin (twin_attention.flash_attention).
     """
 
     def init_device(self) -> None:
@@ -195,11 +233,13 @@ class CpuTwin:
         os.environ["PJRT_DEVICE"] = "CPU"
         import torch_xla
 
+        from .twin_attention import install_vision_attention
         from .twin_moe import install as install_twin_moe
 
         torch_xla.device()
         # Here, not in the platform: only the engine's worker may import torch_xla (the API server must not).
         install_twin_moe()
+        install_vision_attention()
         super().init_device()
 
     def determine_available_memory(self) -> int:

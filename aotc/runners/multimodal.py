@@ -1,0 +1,57 @@
+"""What both stacks ask of a vision-language entry, read from its config alone (no stack imported)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from aotc.matrix import Entry, hf_config
+from aotc.runners.traffic import Limits
+
+
+def is_multimodal(config: dict | None) -> bool:
+    return bool(config) and any(k in config for k in ("vision_config", "audio_config"))
+
+
+def entry_is_multimodal(entry: dict[str, Any]) -> bool:
+    """For a runner process, which holds the entry as the protocol's dict."""
+    return is_multimodal(hf_config(Entry.from_dict(entry)))
+
+
+def images_per_prompt(entry: Entry) -> int:
+    """At most two images a prompt, within the engine's limit_mm_per_prompt (vLLM's default: one)."""
+    limit = (entry.engine.get("limit_mm_per_prompt") or {}).get("image", 1)
+    return max(1, min(2, int(limit)))
+
+
+# hf_config fields naming a vision-language model's special tokens (Qwen2.5-VL's; LLaVA's image token)
+IMAGE_TOKEN_FIELDS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id",
+                      "image_token_index")
+
+
+def text_vocab_size(llm) -> int:
+    """Ids random prompts may use: the model's vocabulary up to its first image special token (an image
+    placeholder without its image would fail the request)."""
+    hf_config = llm.llm_engine.model_config.hf_config
+    specials = [getattr(hf_config, name, None) for name in IMAGE_TOKEN_FIELDS]
+    return min([llm.llm_engine.model_config.get_vocab_size(), *(i for i in specials if isinstance(i, int))])
+
+
+def image_placeholder(llm) -> tuple[int, ...]:
+    """The token ids that stand for one image in a prompt, which vLLM's processor expands to the image's tokens:
+    Qwen2.5-VL's start, pad and end tokens, LLaVA's image token; () for a model without images."""
+    hf_config = llm.llm_engine.model_config.hf_config
+    qwen = tuple(getattr(hf_config, name, None) for name in ("vision_start_token_id", "image_token_id",
+                                                              "vision_end_token_id"))
+    if all(isinstance(i, int) for i in qwen):
+        return qwen
+    llava = getattr(hf_config, "image_token_index", None)
+    return (llava,) if isinstance(llava, int) else ()
+
+
+def with_images(limits: Limits, entry: Entry, images: tuple[tuple[int, int, int], ...], llm) -> Limits:
+    """The sweep's limits sending ``images`` (the runner's traffic_images), within the entry's images a prompt."""
+    if not images:
+        return limits
+    return dataclasses.replace(limits, image_sizes=images, images_per_prompt=images_per_prompt(entry),
+                               image_placeholder=image_placeholder(llm))
