@@ -37,10 +37,13 @@ def test_scheduler_rule_is_vllms_over_a_sweep():
     rng = random.Random(3)
     for _ in range(300):
         seqs, tokens, length = rng.randint(1, 512), rng.randint(1, 4096), rng.randint(1, 8192)
-        theirs = vllm_accepts(lambda: SchedulerConfig(max_num_batched_tokens=tokens, max_num_seqs=seqs,
-                                                      max_model_len=length, is_encoder_decoder=False))
-        e = SimpleNamespace(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length)
-        assert (not vllm_rules.scheduler(e)) == theirs, (seqs, tokens, length)
+        chunked = rng.choice((True, False, None))
+        theirs = vllm_accepts(lambda: SchedulerConfig(
+            max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length, is_encoder_decoder=False,
+            **({} if chunked is None else {"enable_chunked_prefill": chunked})))
+        e = SimpleNamespace(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length,
+                            engine={} if chunked is None else {"enable_chunked_prefill": chunked})
+        assert (not vllm_rules.scheduler(e)) == theirs, (seqs, tokens, length, chunked)
 
 
 def test_block_sizes_are_vllm_serves():

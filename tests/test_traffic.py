@@ -100,3 +100,21 @@ def test_image_batches_fit_the_model_and_place_one_placeholder_per_image():
             expanded = len(r.prompt) + sum(tokens[h, w] - 1 for h, w, _ in r.images)
             assert expanded + traffic.MAX_NEW_TOKENS <= length, (seqs, length, r)
     assert traffic.image_batches(random.Random(0), limits(entry(8, 128, 64)), VOCAB) == []
+
+
+def test_two_images_share_a_prompt_only_where_both_fit():
+    """Images of half max_model_len's tokens (a processor bound above the step budget): a prompt drawn with two
+    keeps the first alone; small ones still pair up."""
+    import dataclasses
+
+    placeholder, sizes = (1000, 1001, 1002), ((56, 56, 4), (224, 224, 64))
+    lim = dataclasses.replace(limits(entry(8, 128, 64)), image_sizes=sizes, image_placeholder=placeholder,
+                              images_per_prompt=2)
+    prompts = [r for seed in range(20) for batch in traffic.image_batches(random.Random(seed), lim, VOCAB)
+               for r in batch if r.images]
+    tokens = {(h, w): t for h, w, t in sizes}
+    for r in prompts:
+        expanded = len(r.prompt) + sum(tokens[h, w] - 1 for h, w, _ in r.images)
+        assert expanded + traffic.MAX_NEW_TOKENS <= 128, r
+    assert not any([s[:2] for s in r.images].count((224, 224)) == 2 for r in prompts)
+    assert any(len(r.images) == 2 for r in prompts)

@@ -125,6 +125,18 @@ def _image_request(rng: random.Random, limits: Limits, vocab: int, sizes: list[t
                    images=tuple((h, w, rng.randrange(1 << 30)) for h, w, _ in sizes))
 
 
+def _fitting(sizes: list[tuple[int, int, int]], limits: Limits) -> list[tuple[int, int, int]]:
+    """The first of ``sizes`` whose tokens, with a token of text each side and the generated ones, fit
+    max_model_len (at least one: a single image always fits, the runner sends no larger)."""
+    kept, used = [], MAX_NEW_TOKENS + 3
+    for size in sizes:
+        used += size[2] + len(limits.image_placeholder)
+        if kept and used > limits.max_model_len:
+            break
+        kept.append(size)
+    return kept
+
+
 def image_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
     """Each image size alone; then full batches mixing text prompts with prompts of one or more images of
     random sizes."""
@@ -139,7 +151,8 @@ def image_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[R
                 batch.append(Request(_prompt(rng, vocab, limits.max_model_len // 2), _sampling(rng, True, False, False)))
                 continue
             count = rng.randint(1, limits.images_per_prompt)
-            batch.append(_image_request(rng, limits, vocab, [rng.choice(sizes) for _ in range(count)]))
+            drawn = [rng.choice(sizes) for _ in range(count)]
+            batch.append(_image_request(rng, limits, vocab, _fitting(drawn, limits)))
         batches.append(batch)
     return batches
 

@@ -15,7 +15,12 @@ MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 
 
 def scheduler(entry) -> list[str]:
-    """SchedulerConfig.verify_max_model_len (chunked prefill is always on in V1, so only this one applies)."""
+    """SchedulerConfig.verify_max_model_len: with chunked prefill off (V1 turns it on unless the entry says
+    enable_chunked_prefill: false) a step must hold a whole prompt; any step must hold a token per sequence."""
+    if entry.engine.get("enable_chunked_prefill") is False and entry.max_num_batched_tokens < entry.max_model_len:
+        return [f"matrix.max_num_batched_tokens: {entry.max_num_batched_tokens} is below max_model_len "
+                f"{entry.max_model_len} with enable_chunked_prefill: false (vLLM SchedulerConfig: a step must hold "
+                "a whole prompt)"]
     if entry.max_num_batched_tokens < entry.max_num_seqs:
         return [f"matrix.max_num_batched_tokens: {entry.max_num_batched_tokens} is below max_num_seqs "
                 f"{entry.max_num_seqs} (vLLM SchedulerConfig: max_num_batched_tokens must be >= max_num_seqs)"]

@@ -1,7 +1,7 @@
 """Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): tpu-inference's own answers, as JSON.
 
 stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...],
-        "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len], ...]}
+        "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill], ...]}
 stdout (last line): {"paddings": [{tokens, reqs, attn_reqs}...], "flags": {...}, "attention_error": float,
                      "attention_error_hd64": float, "mla_attention_error": float, ...}
 """
@@ -34,10 +34,10 @@ from vllm.config import SchedulerConfig  # noqa: E402
 from tpu_inference.platforms.tpu_platform import TpuPlatform  # noqa: E402
 
 
-def accepts(seqs: int, tokens: int, length: int) -> bool:
+def accepts(seqs: int, tokens: int, length: int, chunked: bool | None) -> bool:
     try:
         SchedulerConfig(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length,
-                        is_encoder_decoder=False)
+                        is_encoder_decoder=False, **({} if chunked is None else {"enable_chunked_prefill": chunked}))
     except ValueError:
         return False
     return True

@@ -13,14 +13,16 @@ pixels and image embeddings as eager device ops, shaped by the prompt and the ba
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from aotc.graphs import GraphSpec
-from aotc.matrix import load_matrix
+from aotc.matrix import hf_config, load_matrix
 from aotc.plan import plan_entry
+from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 
 from .conftest import REPO
@@ -76,8 +78,59 @@ def test_dynamic_image_sizes_plan_a_step_with_images_per_token_bucket_and_patch_
     assert patches and "image_encoder" not in plan.families()
     rows = sorted(tuple(sorted(g.shape_dict.items())) for g in plan.graphs if g.family == "place_encoder_rows")
     assert rows == sorted((("encoder_rows", n // 4), ("num_tokens", t)) for t in tokens for n in patches)
-    assert {g.family for g in plan.graphs if g.beyond_warmup} == {"multimodal_mask", "empty_embedding_rows",
-                                                                  "place_encoder_rows"}
+    assert {g.family for g in plan.graphs if g.beyond_warmup} == {"vision_encoder_padded", "multimodal_mask",
+                                                                  "empty_embedding_rows", "place_encoder_rows"}
+
+
+def test_images_above_the_step_budget_plan_the_padded_encoder_the_warmup_stops_short_of():
+    """The entry's processor takes images up to 224 x 224 pixels (256 patches) while a step holds 32 tokens (128
+    patches, where the stack's warm-up stops): the 256-patch encoder is planned beyond the warm-up, and the
+    sweep sends images that reach it."""
+    plan = plan_entry(DYNAMIC)
+    warmup = [g.shape_dict["num_patches"] for g in plan.graphs if g.family == "vision_encoder_padded"
+              and not g.beyond_warmup]
+    beyond = [g.shape_dict["num_patches"] for g in plan.graphs if g.family == "vision_encoder_padded"
+              and g.beyond_warmup]
+    largest = DYNAMIC.engine["mm_processor_kwargs"]["max_pixels"] // 14 ** 2
+    assert max(warmup) == DYNAMIC.max_num_batched_tokens * 4 < largest
+    assert beyond == [n for n in (max(warmup) * 2 ** i for i in range(1, 8)) if n // 2 < largest]
+    sent = DYNAMIC.backend.traffic_images(DYNAMIC, hf_config(DYNAMIC))
+    assert any(max(warmup) < h * w // 14 ** 2 <= largest for h, w, _ in sent)
+    assert not large_image_encoder_graphs(ENTRY, hf_config(ENTRY))  # images by grid: no padded encoder
+
+
+MAX_IMAGE_TOKENS = """
+import json, sys
+from vllm.config import ModelConfig
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.encoder_budget import get_mm_max_toks_per_item
+model, cases = json.loads(sys.argv[1])
+tokens = []
+for max_len, kwargs in cases:
+    config = ModelConfig(model=model, max_model_len=max_len, mm_processor_kwargs=kwargs,
+                         limit_mm_per_prompt={"image": 2, "video": 0})
+    processor = MULTIMODAL_REGISTRY.create_processor(config)
+    tokens.append(get_mm_max_toks_per_item(processor, {"image": 1}, None)["image"])
+print(json.dumps(tokens))
+"""
+
+
+def test_the_largest_image_is_vllms_own_bound(jax_env):
+    """image_max_patches over merge**2 is the most tokens vLLM-TPU's processor gives one image (what its encoder
+    budget is sized by), from the model's preprocessor_config.json or mm_processor_kwargs, up to what
+    max_model_len can hold."""
+    import subprocess
+
+    cases = [[128, None], [128, {"max_pixels": 50176}], [128, {"size": {"longest_edge": 50176, "shortest_edge": 3136}}],
+             [128, {"max_pixels": 100000}], [128, {"max_pixels": 1000000}]]
+    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", MAX_IMAGE_TOKENS,
+                           json.dumps([str(ENTRY.model_path), cases])],
+                          capture_output=True, text=True, timeout=900, env={**jax_env, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for (max_len, kwargs), theirs in zip(cases, json.loads(proc.stdout.strip().splitlines()[-1])):
+        entry = dataclasses.replace(DYNAMIC, max_model_len=max_len,
+                                    engine={**DYNAMIC.engine, "mm_processor_kwargs": kwargs})
+        assert image_max_patches(entry, hf_config(entry)) // 4 == min(theirs, max_len), (kwargs, theirs)
 
 
 @pytest.mark.slow
@@ -111,7 +164,8 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is
-    served, the image requests among them (with dynamic image sizes, six sizes in three patch buckets)."""
+    served, the image requests among them (with dynamic image sizes, eight sizes in four patch buckets, the
+    largest beyond the stack's warm-up)."""
     from tests.helpers.canary import canary
 
     _, _, store = built[entry.name]

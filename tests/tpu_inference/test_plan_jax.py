@@ -37,7 +37,8 @@ def facts(jax_env):
 
 def scheduler_sweep() -> list[list[int]]:
     rng = random.Random(8)
-    return [[rng.randint(1, 512), rng.randint(1, 4096), rng.randint(1, 8192)] for _ in range(200)]
+    return [[rng.randint(1, 512), rng.randint(1, 4096), rng.randint(1, 8192), rng.choice((True, False, None))]
+            for _ in range(200)]
 
 
 def test_rules_are_vllm_032s(facts):
@@ -48,9 +49,10 @@ def test_rules_are_vllm_032s(facts):
     from aotc.runners.tpu_inference import rules
 
     assert rules.QUANTIZATIONS == tuple(facts["quantizations"])
-    for (seqs, tokens, length), theirs in zip(scheduler_sweep(), facts["scheduler"]):
-        e = SimpleNamespace(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length)
-        assert (not vllm_rules.scheduler(e)) == theirs, (seqs, tokens, length)
+    for (seqs, tokens, length, chunked), theirs in zip(scheduler_sweep(), facts["scheduler"]):
+        e = SimpleNamespace(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=length,
+                            engine={} if chunked is None else {"enable_chunked_prefill": chunked})
+        assert (not vllm_rules.scheduler(e)) == theirs, (seqs, tokens, length, chunked)
 
 
 def test_plan_accepts_budgets_between_buckets_as_tpu_inference_does(facts):

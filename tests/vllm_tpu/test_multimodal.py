@@ -93,7 +93,7 @@ def test_the_twin_installs_its_flash_attention_where_vllm_imports_it():
 
 def matrix(engine: str, tokens: int, model: str) -> str:
     return (f"models: [{{name: m, model: {CONFIG.parent / 'models' / model}, runner: vllm-tpu, device: cpu, "
-            f"engine: {engine}, matrix: {{max_model_len: [128], max_num_seqs: [8], "
+            f"engine: {engine}, matrix: {{max_model_len: [{min(tokens, 128)}], max_num_seqs: [8], "
             f"max_num_batched_tokens: [{tokens}]}}}}]")
 
 
@@ -125,7 +125,9 @@ def test_the_refusals_stand_on_the_stacks_own_code():
     from vllm.v1.worker.tpu_model_runner import TPUModelRunner
 
     encode = inspect.getsource(TPUModelRunner._execute_mm_encoder)
-    assert "if isinstance(curr_group_outputs, torch.Tensor):\n                encoder_outputs.append(curr_group_outputs)" in encode
+    batched_as_one = ("if isinstance(curr_group_outputs, torch.Tensor):\n"
+                      "                encoder_outputs.append(curr_group_outputs)")
+    assert batched_as_one in encode
     assert "zip(mm_hashes_pos, encoder_outputs)" in encode
     assert "num_computed_tokens < start_pos" in inspect.getsource(Scheduler._try_schedule_encoder_inputs)
     assert "mm_embeds.append(encoder_output)" in inspect.getsource(TPUModelRunner._gather_mm_embeddings)

@@ -24,11 +24,12 @@ PROMPT_LOGITS = "prompt_logits"
 SELECT_PROMPT_LOGITS = "select_prompt_logits"
 PROMPT_LOGITS_F32 = "prompt_logits_f32"
 DATA_PARALLEL_STEP = (STEP_INPUTS, PROMPT_LOGITS, SELECT_PROMPT_LOGITS, PROMPT_LOGITS_F32)
+VISION_ENCODER_PADDED = "vision_encoder_padded"
 IMAGE_ENCODER = "image_encoder"
 MULTIMODAL_MASK = "multimodal_mask"
 EMPTY_EMBEDDING_ROWS = "empty_embedding_rows"
 PLACE_ENCODER_ROWS = "place_encoder_rows"
-MULTIMODAL_STEP = (IMAGE_ENCODER, MULTIMODAL_MASK, EMPTY_EMBEDDING_ROWS, PLACE_ENCODER_ROWS)
+MULTIMODAL_STEP = (VISION_ENCODER_PADDED, IMAGE_ENCODER, MULTIMODAL_MASK, EMPTY_EMBEDDING_ROWS, PLACE_ENCODER_ROWS)
 
 
 def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
@@ -52,9 +53,10 @@ def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
 def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
     """What a step with image embeddings runs besides the merger (serving_fixes): each image grid's encoder
     through the runner's own embed_multimodal_fn (pixels as vLLM hands them over, so its output is the one a
-    request's image gets, dtype and sharding alike); per token bucket the placeholder mask lifted to the device
-    (gather_mm_embeddings' jnp.array) and the empty buffer; per bucket and grid the copy of the encoder rows.
-    Through `_run_compilation`, whose warm-up pass runs them in order under the runner's mesh."""
+    request's image gets, dtype and sharding alike), and so the padded encoder at a patch count above the
+    warm-up's (an image of exactly that many patches); per token bucket the placeholder mask lifted to the
+    device (gather_mm_embeddings' jnp.array) and the empty buffer; per bucket and grid the copy of the encoder
+    rows. Through `_run_compilation`, whose warm-up pass runs them in order under the runner's mesh."""
     import jax.numpy as jnp
     import numpy as np
 
@@ -88,9 +90,13 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
     def mask(rows: int):
         return jnp.array(np.zeros(rows, np.bool_), dtype=jnp.bool_)
 
+    def padded(num_patches: int):
+        grid = f"1x{vision.spatial_merge_size}x{num_patches // vision.spatial_merge_size}"
+        return serving_fixes.EncoderRows.of(encode(grid)).array
+
     run = functools.partial(manager._run_compilation, warmup_handler=lambda fn, args, kwargs: fn(*args, **kwargs))
-    for family, fn, first in ((IMAGE_ENCODER, encode, "image_grid"), (MULTIMODAL_MASK, mask, "num_tokens"),
-                              (EMPTY_EMBEDDING_ROWS, empty, "num_tokens")):
+    for family, fn, first in ((VISION_ENCODER_PADDED, padded, "num_patches"), (IMAGE_ENCODER, encode, "image_grid"),
+                              (MULTIMODAL_MASK, mask, "num_tokens"), (EMPTY_EMBEDDING_ROWS, empty, "num_tokens")):
         for shape in shapes[family]:
             run(family, fn, shape[first], **shape)
     for shape in shapes[PLACE_ENCODER_ROWS]:

@@ -190,17 +190,71 @@ def vision_encoder_graphs(entry: Entry, hf_config: dict) -> list[GraphSpec]:
     patches (max_num_batched_tokens x spatial_merge_size**2, capped by mm_processor_kwargs size.longest_edge
     over patch_size**2). Otherwise: the encoder at each vision_warmup_config.image_shapes entry, [height, width]
     (nothing when none are given: the stack then compiles each image size on its first request)."""
-    extra, vision = additional_config(entry), hf_config["vision_config"]
+    extra = additional_config(entry)
     if extra.get("enable_dynamic_image_sizes"):
-        limit = (((entry.engine.get("mm_processor_kwargs") or {}).get("size") or {}).get("longest_edge"))
-        max_patches = entry.max_num_batched_tokens * vision.get("spatial_merge_size", 2) ** 2
-        if limit is not None:
-            max_patches = int(min(max_patches, float(limit) / vision.get("patch_size", 14) ** 2))
-        return [GraphSpec.of("vision_encoder_padded", num_patches=1 << i)
-                for i in range(4, (max_patches - 1).bit_length() + 1)]
+        return [GraphSpec.of("vision_encoder_padded", num_patches=n)
+                for n in _padded_patches(16, _warmup_patches(entry, hf_config))]
     shapes = ((extra.get("vision_warmup_config") or {}).get("image_shapes")) or []
     return [GraphSpec.of("vision_encoder", image_shape=image_shape_label(s))
             for s in shapes if isinstance(s, list) and len(s) == 2]
+
+
+def large_image_encoder_graphs(entry: Entry, hf_config: dict) -> list[GraphSpec]:
+    """Beyond the warm-up, with enable_dynamic_image_sizes: the padded encoder at the power-of-two patch counts
+    above the warm-up's largest, up to the largest image the processor makes. vLLM encodes an image whole
+    whatever the step's budget (its encoder budget is at least one largest image) and feeds its tokens over
+    several steps, so an image of more patches than max_num_batched_tokens x merge**2 pads to a count the
+    stack's warm-up stopped short of."""
+    if not additional_config(entry).get("enable_dynamic_image_sizes"):
+        return []
+    largest = image_max_patches(entry, hf_config)
+    warmup = _padded_patches(16, _warmup_patches(entry, hf_config))
+    if largest is None or not warmup:
+        return []
+    return [GraphSpec.of("vision_encoder_padded", True, num_patches=n)
+            for n in _padded_patches(warmup[-1] * 2, largest)]
+
+
+def _padded_patches(smallest: int, largest: int) -> list[int]:
+    """Powers of two from ``smallest`` to the first at or above ``largest`` (the stack's padding)."""
+    return [1 << i for i in range(smallest.bit_length() - 1, (largest - 1).bit_length() + 1)]
+
+
+def _warmup_patches(entry: Entry, hf_config: dict) -> int:
+    """The patch count the stack's dynamic-size warm-up pads up to (precompile_vision_encoder's max_patches)."""
+    vision = hf_config["vision_config"]
+    limit = (((entry.engine.get("mm_processor_kwargs") or {}).get("size") or {}).get("longest_edge"))
+    max_patches = entry.max_num_batched_tokens * vision.get("spatial_merge_size", 2) ** 2
+    if limit is not None:
+        max_patches = int(min(max_patches, float(limit) / vision.get("patch_size", 14) ** 2))
+    return max_patches
+
+
+def image_max_patches(entry: Entry, hf_config: dict) -> int | None:
+    """The most patches one image of a prompt can have: the image processor's pixel bound (mm_processor_kwargs'
+    size.longest_edge or max_pixels, else the model's preprocessor_config.json's) over patch_size**2, and no
+    more than max_model_len tokens hold. None when neither names a bound (a hub model whose
+    preprocessor_config.json is not cached)."""
+    vision = hf_config["vision_config"]
+    pixels = processor_max_pixels(entry)
+    if pixels is None:
+        return None
+    return min(int(pixels) // vision.get("patch_size", 14) ** 2,
+               entry.max_model_len * vision.get("spatial_merge_size", 2) ** 2)
+
+
+def processor_max_pixels(entry: Entry) -> int | None:
+    """Qwen2VLImageProcessor's pixel bound: size.longest_edge, or max_pixels, from the engine's
+    mm_processor_kwargs (vLLM hands them to the processor), else from the model's preprocessor_config.json."""
+    sources = [entry.engine.get("mm_processor_kwargs") or {}]
+    config = entry.readable_config_path
+    if config is not None and (config.parent / "preprocessor_config.json").is_file():
+        sources.append(json.loads((config.parent / "preprocessor_config.json").read_text()))
+    for source in sources:
+        bound = (source.get("size") or {}).get("longest_edge") or source.get("max_pixels")
+        if bound is not None:
+            return int(bound)
+    return None
 
 
 # Images a traffic sweep sends when the entry names no warm-up sizes, [height, width].
@@ -208,6 +262,9 @@ DEFAULT_IMAGE_SHAPES = ([56, 56], [112, 84])
 # With enable_dynamic_image_sizes, sizes in three patch buckets (16, 32, 64 patches), several to a bucket:
 # any size is served by its bucket's graphs, so the sweep and the canary show a spread.
 DYNAMIC_IMAGE_SHAPES = ([56, 56], [112, 84], [84, 56], [56, 112], [84, 84], [112, 112])
+# And where the processor allows images of more patches than a step's budget (large_image_encoder_graphs), these
+# too (256 and 168 patches: the 256 bucket), when the bound holds them.
+LARGE_IMAGE_SHAPES = ([224, 224], [168, 196])
 
 
 def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
@@ -221,9 +278,18 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
     factor = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
     extra = additional_config(entry)
     shapes = ((extra.get("vision_warmup_config") or {}).get("image_shapes")
-              or (DYNAMIC_IMAGE_SHAPES if extra.get("enable_dynamic_image_sizes") else DEFAULT_IMAGE_SHAPES))
+              or (DYNAMIC_IMAGE_SHAPES + _large_images(entry, hf_config) if extra.get("enable_dynamic_image_sizes")
+                  else DEFAULT_IMAGE_SHAPES))
     sides = [(max(1, round(h / factor)), max(1, round(w / factor))) for h, w in shapes]
     return tuple((h * factor, w * factor, h * w) for h, w in sides)
+
+
+def _large_images(entry: Entry, hf_config: dict) -> tuple[list[int], ...]:
+    """LARGE_IMAGE_SHAPES that reach a padded encoder beyond the warm-up and the processor keeps whole."""
+    largest, patch = image_max_patches(entry, hf_config), hf_config["vision_config"].get("patch_size", 14)
+    warmup = _warmup_patches(entry, hf_config)
+    return tuple(shape for shape in LARGE_IMAGE_SHAPES
+                 if largest is not None and warmup < (shape[0] // patch) * (shape[1] // patch) <= largest)
 
 
 def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) -> list[GraphSpec]:
@@ -263,9 +329,10 @@ def multimodal_step_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]
     rows into it; and the image encoder per grid when the stack's warm-up compiles none (no vision_warmup_config).
     An encoder output is an image grid's, or with enable_dynamic_image_sizes the padded encoder's, whose rows
     follow the patch bucket, not the image (any image size)."""
-    encoders = vision_encoder_graphs(entry, hf_config)
+    large = large_image_encoder_graphs(entry, hf_config)
+    encoders = vision_encoder_graphs(entry, hf_config) + large
     grids = image_grids(entry, hf_config)
-    graphs = [] if encoders else [GraphSpec.of("image_encoder", True, image_grid=g) for g in grids]
+    graphs = large if encoders else [GraphSpec.of("image_encoder", True, image_grid=g) for g in grids]
     if additional_config(entry).get("enable_dynamic_image_sizes"):
         unit = hf_config["vision_config"].get("spatial_merge_size", 2) ** 2
         outputs = [{"encoder_rows": g.shape_dict["num_patches"] // unit} for g in encoders]

@@ -95,7 +95,8 @@ def multimodal_graphs(entry: Entry, hf_config: dict, tokens: list[int]) -> list[
     graphs = []
     for items in range(1, max_images_per_batch(entry, hf_config) + 1):
         graphs.append(GraphSpec.of("mm_encoder", num_items=items))
-        graphs += [GraphSpec.of("embed_inputs", num_tokens=t, num_items=items) for t in tokens if t >= items * per_image]
+        graphs += [GraphSpec.of("embed_inputs", num_tokens=t, num_items=items)
+                   for t in tokens if t >= items * per_image]
     return graphs + [GraphSpec.of("embed_inputs", num_tokens=t, num_items=0) for t in tokens]
 
 

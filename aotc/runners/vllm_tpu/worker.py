@@ -66,7 +66,8 @@ GRAPH_CALLS: dict[str, tuple[str, Callable[..., dict]]] = {
 
 def _embedded_items(input_ids, mm_embed_inputs=None) -> dict:
     """_get_model_inputs's shape: the padded token count and how many items' embeddings it merges in."""
-    return {"num_tokens": int(input_ids.shape[0]), "num_items": _count_items(mm_embed_inputs[0] if mm_embed_inputs else [])}
+    items = _count_items(mm_embed_inputs[0]) if mm_embed_inputs else 0
+    return {"num_tokens": int(input_ids.shape[0]), "num_items": items}
 
 
 def _count_items(embeddings) -> int:
