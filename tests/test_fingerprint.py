@@ -238,7 +238,7 @@ def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     from aotc.matrix import load_matrix
     from aotc.runners.tpu_inference.buckets import SERVING_FIXES
 
-    multimodal, _ = load_matrix(CONFIGS / "multimodal-jax.yaml").entries
+    multimodal, *_ = load_matrix(CONFIGS / "multimodal-jax.yaml").entries
     [text] = load_matrix(CONFIGS / "demo-jax.yaml").entries
     assert fingerprint_entry(multimodal, ENV).inputs["serving_fixes"] == code_digest(SERVING_FIXES)
     assert "serving_fixes" not in fingerprint_entry(dataclasses.replace(text, engine={"num_gpu_blocks_override": 65}),

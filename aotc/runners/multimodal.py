@@ -24,9 +24,10 @@ def images_per_prompt(entry: Entry) -> int:
     return max(1, min(2, int(limit)))
 
 
-# hf_config fields naming a vision-language model's special tokens (Qwen2.5-VL's; LLaVA's image token)
+# hf_config fields naming a vision-language model's special tokens (Qwen2.5-VL's; LLaVA's image token; Gemma 4's
+# begin and end of image and audio)
 IMAGE_TOKEN_FIELDS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id",
-                      "image_token_index")
+                      "image_token_index", "boi_token_id", "eoi_token_id", "audio_token_id", "boa_token_id")
 
 
 def text_vocab_size(llm) -> int:
@@ -39,14 +40,16 @@ def text_vocab_size(llm) -> int:
 
 def image_placeholder(llm) -> tuple[int, ...]:
     """The token ids that stand for one image in a prompt, which vLLM's processor expands to the image's tokens:
-    Qwen2.5-VL's start, pad and end tokens, LLaVA's image token; () for a model without images."""
+    Qwen2.5-VL's start, pad and end tokens, LLaVA's and Gemma 4's image token; () for a model without images."""
     hf_config = llm.llm_engine.model_config.hf_config
     qwen = tuple(getattr(hf_config, name, None) for name in ("vision_start_token_id", "image_token_id",
                                                               "vision_end_token_id"))
     if all(isinstance(i, int) for i in qwen):
         return qwen
-    llava = getattr(hf_config, "image_token_index", None)
-    return (llava,) if isinstance(llava, int) else ()
+    image = getattr(hf_config, "image_token_index", None)
+    if not isinstance(image, int) and isinstance(getattr(hf_config, "boi_token_id", None), int):
+        image = getattr(hf_config, "image_token_id", None)
+    return (image,) if isinstance(image, int) else ()
 
 
 def with_images(limits: Limits, entry: Entry, images: tuple[tuple[int, int, int], ...], llm) -> Limits:

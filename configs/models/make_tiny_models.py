@@ -138,12 +138,21 @@ NORMALIZE = {"do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "
 LLAVA_IMAGE = 126
 
 
+# Gemma 4: a 2-layer vision tower over 16-pixel patches pooled 3 x 3, images at 70 or 140 soft tokens (the
+# two smallest budgets its processor takes; 140 by default), the Gemma 4 text model of tiny-gemma4.
+GEMMA4_IMAGE = {"image_processor_type": "Gemma4ImageProcessor", "max_soft_tokens": 140, "patch_size": 16,
+                "pooling_kernel_size": 3, "do_convert_rgb": True, "do_normalize": False, "do_rescale": True,
+                "do_resize": True, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0], "resample": 3,
+                "rescale_factor": 1 / 255}
+
+
 @dataclass(frozen=True)
 class VisionModel:
     config: dict
     tokens: dict[str, int]  # special tokens appended to the demo tokenizer, at these ids
-    preprocessor: dict  # preprocessor_config.json: the image processor
+    preprocessor: dict | None  # preprocessor_config.json: the image processor, where it has a file of its own
     processor: dict | None = None  # processor_config.json, where the model's processor reads one
+    named_tokens: dict[str, str] | None = None  # the tokenizer's named special tokens (tokenizer.image_token ...)
 
 
 VISION_ZOO: dict[str, VisionModel] = {
@@ -181,6 +190,30 @@ VISION_ZOO: dict[str, VisionModel] = {
                       "do_center_crop": True, "resample": 3, **NORMALIZE},
         processor={"processor_class": "LlavaProcessor", "image_token": "<image>", "patch_size": PATCH,
                    "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}),
+    # The image token is named as vLLM's Gemma 4 chat placeholder (get_placeholder_str), so a chat turn with an
+    # image reaches the processor through the demo's plain chat template.
+    "tiny-gemma4-vision": VisionModel(
+        config={"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+                "text_config": {**GEMMA4_TEXT, "vocab_size": 528},
+                "vision_config": {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+                                  "head_dim": 16, "patch_size": 16, "pooling_kernel_size": 3,
+                                  "default_output_length": GEMMA4_IMAGE["max_soft_tokens"],
+                                  "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-06},
+                "boi_token_id": 512, "eoi_token_id": 513, "image_token_id": 514, "video_token_id": 515,
+                "audio_token_id": 516, "boa_token_id": 517, "eoa_token_index": 518,
+                "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
+        tokens={"<|image>": 512, "<image|>": 513, "<image_soft_token>": 514, "<|video|>": 515,
+                "<audio_soft_token>": 516, "<|audio>": 517, "<audio|>": 518},
+        preprocessor=None,
+        processor={"processor_class": "Gemma4Processor", "image_seq_length": GEMMA4_IMAGE["max_soft_tokens"],
+                   "image_processor": GEMMA4_IMAGE,
+                   "video_processor": {**GEMMA4_IMAGE, "video_processor_type": "Gemma4VideoProcessor",
+                                       "image_processor_type": OMIT, "max_soft_tokens": 70, "num_frames": 32},
+                   "feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor"}},
+        # transformers 5.19's Gemma4Processor refuses any input unless the audio tokens are named too
+        named_tokens={"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<image_soft_token>",
+                      "audio_token": "<audio_soft_token>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}),
 }
 
 
@@ -203,10 +236,19 @@ def write_vision(name: str, model: VisionModel) -> Path:
     tokenizer["added_tokens"] += [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
                                    "normalized": False, "special": True} for token, i in model.tokens.items()]
     (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False) + "\n")
-    (out / "preprocessor_config.json").write_text(json.dumps(model.preprocessor, indent=2) + "\n")
-    if model.processor is not None:
-        (out / "processor_config.json").write_text(json.dumps(model.processor, indent=2) + "\n")
+    if model.named_tokens:
+        tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+        tokenizer_config["extra_special_tokens"] = model.named_tokens
+        (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    for file, fields in (("preprocessor_config.json", model.preprocessor), ("processor_config.json", model.processor)):
+        if fields is not None:
+            (out / file).write_text(json.dumps(_without_omitted(fields), indent=2) + "\n")
     return out
+
+
+def _without_omitted(fields: dict) -> dict:
+    return {key: _without_omitted(value) if isinstance(value, dict) else value
+            for key, value in fields.items() if value is not OMIT}
 
 
 def main() -> None:

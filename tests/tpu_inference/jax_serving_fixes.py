@@ -2,10 +2,11 @@
 code it replaces, over random inputs: Qwen2.5-VL's M-RoPE positions (prompts of text, images and videos), its
 image encoder inputs (encoder batches of one to four images), and MultiModalManager.gather_mm_embeddings with
 the embedding padding after it (steps of random prefill chunks through prompts with images), and with dynamic
-image sizes the padded encoder's inputs and its image rows (random grids).
+image sizes the padded encoder's inputs and its image rows (random grids); Gemma 4's encoder inputs (batches
+of images at one or several soft-token budgets).
 
 stdin: {"config": model dir, "cases": n, "padded_cases": m, "seed": s}
-stdout (last line): {"mrope": [mismatching cases], "images": [...], "gather": [...], "padded_images": [...],
+stdout (last line): {"mrope": [mismatching cases], "images": [...], "gather": [...], "padded_images": [...], "gemma4_images": [...],
                      "cases": n, "gathered_pieces": count, "patch_buckets": count, "host_types": [...],
                      "patched": bool}
 """
@@ -91,6 +92,43 @@ def check_images(rng, cases, fixes, stack) -> list:
         ours = process(model, parse(model, pixel_values=pixels, image_grid_thw=grids))
         if len(theirs) != len(ours) or not all(np.array_equal(a, b) for a, b in zip(theirs, ours)):
             mismatches.append({"case": case, "grids": grids})
+    return mismatches
+
+
+class FakeGemma4Model:
+    """What Gemma 4's image path asks of the model: a mesh (one device, every axis the stack may shard the
+    encoder batch on), and an encoder whose rows for an image depend on that image's patches and positions alone,
+    padded positions masked out (as the real tower's input mask does)."""
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), ("data", "attn_dp", "attn_dp_expert",
+                                                                               "model"))
+
+    def get_single_image_embedding(self, pixels, positions):
+        valid = (positions[..., :1] >= 0).astype(jnp.float32)
+        return pixels.astype(jnp.float32) * valid + positions.sum(axis=-1, keepdims=True).astype(jnp.float32)
+
+
+def check_gemma4_images(rng, cases, fixes, gemma4) -> list:
+    """Encoder batches of one to three images, as vLLM hands them over: one bf16 tensor when the images share a
+    soft-token budget, a list when they do not (the stack fails on that one). Each image's rows from ours equal
+    the stack's for that image alone, and the stack's for the whole batch where it takes it."""
+    stack, model, mismatches = gemma4.Gemma4ForConditionalGeneration, FakeGemma4Model(), []
+    parse, process = fixes._gemma4_pixels_on_host(stack._parse_and_validate_image_input), \
+        fixes._each_image_alone_on_host(stack._process_image_input)
+    theirs = lambda pixels, positions: stack._process_image_input(model, stack._parse_and_validate_image_input(
+        model, pixel_values=pixels, pixel_position_ids=positions))
+    for case in range(cases):
+        budgets = [rng.choice([4, 8]) for _ in range(rng.randint(1, 3))]
+        pixels = [torch.randn(n, 6).to(torch.bfloat16) for n in budgets]
+        positions = [torch.cat([torch.randint(0, 9, (n - 1, 2)), torch.full((1, 2), -1)]) for n in budgets]
+        shared = len(set(budgets)) == 1
+        batch = (torch.stack(pixels), torch.stack(positions)) if shared else (pixels, positions)
+        ours = process(model, parse(model, pixel_values=batch[0], pixel_position_ids=batch[1]))
+        alone = [row for p, q in zip(pixels, positions) for row in theirs(p[None], q[None])]
+        whole = theirs(*batch) if shared else alone
+        if not (len(ours) == len(alone) == len(whole)
+                and all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(ours, alone, whole))):
+            mismatches.append({"case": case, "budgets": budgets})
     return mismatches
 
 
@@ -212,13 +250,19 @@ def main() -> None:
     images = check_images(rng, cases, serving_fixes, stack_model)
     gathered, pieces = check_gather(rng, cases, serving_fixes, gather, flatten_pad_mm_embeds)
     padded, patch_buckets = check_padded_images(rng, request["padded_cases"], serving_fixes, qwen2_5_vl)
+    from tpu_inference.models.jax import gemma4_mm
+
+    gemma4_originals = {"_process_image_input": gemma4_mm.Gemma4ForConditionalGeneration._process_image_input}
+    gemma4_images = check_gemma4_images(rng, request["padded_cases"], serving_fixes, gemma4_mm)
     serving_fixes.install()
     serving_fixes.install()  # twice: still one layer of fixes
     patched = (stack.get_mrope_input_positions is serving_fixes.host_mrope_input_positions
                and stack._process_image_input.__wrapped__ is originals["_process_image_input"]
-               and multimodal_manager.MultiModalManager.gather_mm_embeddings.__wrapped__ is gather)
+               and multimodal_manager.MultiModalManager.gather_mm_embeddings.__wrapped__ is gather
+               and gemma4_mm.Gemma4ForConditionalGeneration._process_image_input.__wrapped__
+               is gemma4_originals["_process_image_input"])
     print(json.dumps({"cases": cases, "mrope": mrope, "images": images, "gather": gathered, "gathered_pieces": pieces,
-                      "padded_images": padded, "patch_buckets": patch_buckets, "host_types": sorted(types),
+                      "padded_images": padded, "gemma4_images": gemma4_images, "patch_buckets": patch_buckets, "host_types": sorted(types),
                       "patched": patched}))
 
 

@@ -3,8 +3,8 @@ configs/multimodal-jax.yaml builds every planned graph (the input-embeddings mer
 embeddings, tests/tpu_inference/test_plan_jax.py tying them to tpu-inference's own capture_model; beyond the
 warm-up what a step with image embeddings runs under aotc's serving fixes), then a fresh server's verify under
 text and image traffic finds every graph in the artifact, and the stock server under chat requests with images
-compiles nothing after ready; with images by grid, and with images of any size (enable_dynamic_image_sizes).
-One build of the matrix, shared.
+compiles nothing after ready; with images by grid, with images of any size (enable_dynamic_image_sizes), and on
+Gemma 4 (its encoder per soft-token budget). One build of the matrix, shared.
 
 Zero depends on the serving fixes (aotc/runners/tpu_inference/serving_fixes.py, held equal to the stack's code by
 test_serving_fixes_jax.py): without them tpu-inference slices, joins and pads each request's M-RoPE positions,
@@ -22,13 +22,15 @@ import pytest
 from aotc.graphs import GraphSpec
 from aotc.matrix import hf_config, load_matrix
 from aotc.plan import plan_entry
+from aotc.runners.tpu_inference import gemma4_vision
 from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 
 from .conftest import REPO
 
 CONFIG = REPO / "configs" / "multimodal-jax.yaml"
-ENTRY, DYNAMIC = load_matrix(CONFIG).entries  # images by grid; any image size (enable_dynamic_image_sizes)
+# Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4
+ENTRY, DYNAMIC, GEMMA4 = load_matrix(CONFIG).entries
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
@@ -133,8 +135,88 @@ def test_the_largest_image_is_vllms_own_bound(jax_env):
         assert image_max_patches(entry, hf_config(entry)) // 4 == min(theirs, max_len), (kwargs, theirs)
 
 
+def test_gemma4_plans_its_encoder_per_soft_token_budget_and_nothing_per_image():
+    """Gemma 4 beyond the warm-up: the encoder at each budget up to the processor's own (140 tokens; 70 on
+    request), per token bucket the mask and the buffer, per bucket and budget the copy of the encoder rows; no
+    encoder per image size (its processor pads every image to its budget) and none in the warm-up."""
+    plan = plan_entry(GEMMA4)
+    tokens, budgets = plan.buckets["token_paddings"], [70, 140]
+    assert MULTIMODAL_FAMILIES <= set(plan.families())
+    beyond = {g.family for g in plan.graphs if g.beyond_warmup}
+    assert beyond == {"image_encoder", "multimodal_mask", "empty_embedding_rows", "place_encoder_rows"}
+    assert not {"vision_encoder", "vision_encoder_padded"} & set(plan.families())
+    assert sorted(g.shape_dict["soft_tokens"] for g in plan.graphs if g.family == "image_encoder") == budgets
+    rows = sorted(tuple(sorted(g.shape_dict.items())) for g in plan.graphs if g.family == "place_encoder_rows")
+    assert rows == sorted((("encoder_rows", n), ("num_tokens", t)) for t in tokens for n in budgets)
+    # a budget whose image cannot fit max_model_len is not reachable
+    short = dataclasses.replace(GEMMA4, max_model_len=128, max_num_batched_tokens=128)
+    assert gemma4_vision.soft_token_budgets(short, hf_config(short)) == [70]
+
+
+@pytest.mark.parametrize("setting, reason", [
+    ({"additional_config": {"vision_warmup_config": {"image_shapes": [[224, 224]]}}}, "4-D pixels"),
+    ({"compilation_config": {"cudagraph_mm_encoder": True}}, "cudagraph_mm_encoder")])
+def test_gemma4_refuses_the_encoder_settings_the_stack_cannot_start_or_the_plan_does_not_follow(setting, reason):
+    entry = dataclasses.replace(GEMMA4, engine={**GEMMA4.engine, **setting})
+    with pytest.raises(ValueError, match=reason):
+        plan_entry(entry)
+
+
+def test_gemma4_with_an_audio_tower_is_refused_in_one_line():
+    from aotc.runners.tpu_inference.buckets import check_multimodal
+
+    with pytest.raises(ValueError, match="audio tower"):
+        check_multimodal(GEMMA4, {**hf_config(GEMMA4), "audio_config": {"hidden_size": 32}})
+    check_multimodal(GEMMA4, {**hf_config(GEMMA4), "audio_config": None})  # image-only Gemma 4 configs carry it as null
+
+
+GEMMA4_PROCESSOR = """
+import json, sys
+from PIL import Image
+from vllm.config import ModelConfig
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.encoder_budget import get_mm_max_toks_per_item
+model, max_len, budgets, sizes = json.loads(sys.argv[1])
+config = ModelConfig(model=model, max_model_len=max_len, limit_mm_per_prompt={"image": 1, "video": 0, "audio": 0})
+processor = MULTIMODAL_REGISTRY.create_processor(config)
+out = {"most_tokens": get_mm_max_toks_per_item(processor, {"image": 1}, None)["image"], "patches": {}, "tokens": {}}
+hf = processor.info.get_hf_processor()
+for budget in budgets:
+    for h, w in sizes:
+        inputs = hf(text=[hf.image_token], images=[[Image.new("RGB", (w, h))]], max_soft_tokens=budget,
+                    return_tensors="np")
+        out["patches"].setdefault(str(budget), []).append(list(inputs["pixel_values"].shape))
+        out["tokens"].setdefault(str(budget), []).append(int((inputs["input_ids"] == hf.image_token_id).sum()))
+print(json.dumps(out))
+"""
+
+
+def test_gemma4_encoder_shape_follows_the_budget_not_the_image(jax_env):
+    """Gemma 4's own processor (vLLM-TPU's venv) pads images of any size and aspect to budget x pooling**2
+    patches, and gives each at most the budget's tokens: one encoder graph and one encoder-row count per budget.
+    The budget an entry serves by default is vLLM's own largest image (its encoder budget)."""
+    import subprocess
+
+    config = hf_config(GEMMA4)
+    budgets = gemma4_vision.soft_token_budgets(GEMMA4, config)
+    sizes = [list(s) for s in gemma4_vision.IMAGE_SHAPES] + [[16, 900], [500, 333]]
+    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", GEMMA4_PROCESSOR,
+                           json.dumps([str(GEMMA4.model_path), GEMMA4.max_model_len, budgets, sizes])],
+                          capture_output=True, text=True, timeout=900, env={**jax_env, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    vision = config["vision_config"]
+    assert theirs["most_tokens"] == gemma4_vision.processor_soft_tokens(GEMMA4, config) == max(budgets)
+    for budget in budgets:
+        patches = budget * vision["pooling_kernel_size"] ** 2
+        assert theirs["patches"][str(budget)] == [[1, patches, 3 * vision["patch_size"] ** 2]] * len(sizes)
+        assert all(0 < n <= budget for n in theirs["tokens"][str(budget)]), theirs["tokens"]
+    sent = gemma4_vision.traffic_images(GEMMA4, config)
+    assert all(tokens >= max(budgets) for _, _, tokens in sent)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4], ids=lambda e: e.name)
 def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry):
     artifact, report, _ = built[entry.name]
     expected = plan_entry(entry)
@@ -146,7 +228,8 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,))], ids=lambda e: getattr(e, "name", ""))
+@pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,))],
+                         ids=lambda e: getattr(e, "name", ""))
 def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce, entry, seeds):
     """Every planned graph loads from the artifact and a fresh server compiles nothing under text and image
     traffic (two seeds: which images share a batch and where the prefill chunks fall differ)."""
@@ -160,7 +243,7 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4], ids=lambda e: e.name)
 def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is

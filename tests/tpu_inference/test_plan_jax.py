@@ -215,7 +215,8 @@ MULTIMODAL = REPO / "configs" / "multimodal-jax.yaml"
 
 def multimodal_sweep() -> list[dict]:
     """Qwen2.5-VL: vision warm-up image shapes (none, some, sizes the encoder rounds), and the padded encoder of
-    dynamic image sizes with and without an mm_processor_kwargs size limit, over budgets on and between buckets."""
+    dynamic image sizes with and without an mm_processor_kwargs size limit, over budgets on and between buckets;
+    Gemma 4."""
     shapes = [[], [[56, 56]], [[56, 112], [112, 56], [448, 300]]]
     extras = [{"vision_warmup_config": {"image_shapes": s}} for s in shapes]
     extras += [{"enable_dynamic_image_sizes": True}]
@@ -223,11 +224,17 @@ def multimodal_sweep() -> list[dict]:
              for extra in extras for seqs, tokens in ((8, 64), (4, 100), (16, 512))]
     cases += [{"seqs": 8, "tokens": 1024, "extra": {"enable_dynamic_image_sizes": True},
                "mm_kwargs": {"size": {"longest_edge": 112 * 112 * 4}}}]
+    # Gemma 4: its warm-up compiles no encoder (the plan's encoder per soft-token budget is beyond it)
+    cases += [{"seqs": seqs, "tokens": tokens, "extra": {}, "mm_kwargs": None, "entry": GEMMA4}
+              for seqs, tokens in ((8, 128), (4, 100))]
     return cases
 
 
+GEMMA4 = 2  # configs/multimodal-jax.yaml's gemma4-vision
+
+
 def multimodal_entry(case: dict):
-    base = load_matrix(MULTIMODAL).entries[0]
+    base = load_matrix(MULTIMODAL).entries[case.get("entry", 0)]
     engine = {**base.engine, "additional_config": case["extra"]}
     if case["mm_kwargs"]:
         engine["mm_processor_kwargs"] = case["mm_kwargs"]
@@ -236,9 +243,9 @@ def multimodal_entry(case: dict):
 
 
 def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(jax_env):
-    """A vision-language model (the tiny Qwen2.5-VL's config.json): the plan lists exactly the `_run_compilation`
-    calls capture_model makes for a multimodal runner (the text-only backbone, Qwen2.5-VL's own
-    precompile_vision_encoder, the input-embeddings merger and the backbone over input embeddings), by family
+    """Vision-language models (the tiny Qwen2.5-VL's and Gemma 4's config.json): the plan's warm-up lists exactly
+    the `_run_compilation` calls capture_model makes for a multimodal runner (the text-only backbone, the model's
+    own precompile_vision_encoder, the input-embeddings merger and the backbone over input embeddings), by family
     and shape, in the engine's order."""
     from aotc.matrix import hf_config
 

@@ -44,5 +44,11 @@ def test_padded_encoder_inputs_equal_the_stacks_eager_ones(compared):
     assert compared["padded_images"] == [] and compared["patch_buckets"] >= 4
 
 
+def test_gemma4_images_each_alone_on_host_equal_the_stacks_batch(compared):
+    """Gemma 4 encoder batches of one to three images (one tensor when they share a soft-token budget, a list
+    when not): each image's rows equal tpu-inference's parse + process of that image alone and of the batch."""
+    assert compared["gemma4_images"] == []
+
+
 def test_install_patches_once(compared):
     assert compared["patched"] and compared["cases"] == CASES

@@ -51,11 +51,10 @@ def prompt_logprobs(manager, token_counts: Iterable[int]) -> None:
 
 
 def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
-    """What a step with image embeddings runs besides the merger (serving_fixes): each image grid's encoder
-    through the runner's own embed_multimodal_fn (pixels as vLLM hands them over, so its output is the one a
-    request's image gets, dtype and sharding alike), and so the padded encoder at a patch count above the
-    warm-up's (an image of exactly that many patches); per token bucket the placeholder mask lifted to the
-    device (gather_mm_embeddings' jnp.array) and the empty buffer; per bucket and grid the copy of the encoder
+    """What a step with image embeddings runs besides the merger (serving_fixes): each image encoder the plan
+    lists through the runner's own embed_multimodal_fn (pixels as vLLM hands them over, so its output is the one
+    a request's image gets, dtype and sharding alike); per token bucket the placeholder mask lifted to the
+    device (gather_mm_embeddings' jnp.array) and the empty buffer; per bucket and encoder output the copy of its
     rows. Through `_run_compilation`, whose warm-up pass runs them in order under the runner's mesh."""
     import jax.numpy as jnp
     import numpy as np
@@ -63,22 +62,11 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
     from aotc.runners.tpu_inference import serving_fixes
 
     runner = manager.runner
-    vision = runner.model_config.hf_config.vision_config
-    encoded: dict[str, Any] = {}
-
-    def encode(grid: str):
-        if grid not in encoded:
-            encoded[grid] = _encode_image(runner, vision, [int(side) for side in grid.split("x")])
-        return encoded[grid]
+    images = _Gemma4Images(runner) if _is_gemma4(runner) else _QwenImages(runner)
+    sharding = serving_fixes.embedding_sharding(runner.mesh)
 
     def encoder_output(place_shape: dict[str, Any]):
-        """The output a place_encoder_rows call copies from: an image grid's, or with dynamic image sizes the
-        padded encoder's at that many rows (an image of rows x merge**2 patches fills its bucket exactly)."""
-        merge = vision.spatial_merge_size
-        grid = place_shape.get("image_grid") or f"1x{merge}x{place_shape['encoder_rows'] * merge}"
-        return serving_fixes.EncoderRows.of(encode(grid)).array
-
-    sharding = serving_fixes.embedding_sharding(runner.mesh)
+        return serving_fixes.EncoderRows.of(images.output_of(place_shape)).array
 
     def empty(rows: int):  # the buffer takes the encoder output's width and dtype (encoded in a call's window)
         any_output = encoder_output(shapes[PLACE_ENCODER_ROWS][0])
@@ -90,17 +78,77 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
     def mask(rows: int):
         return jnp.array(np.zeros(rows, np.bool_), dtype=jnp.bool_)
 
-    def padded(num_patches: int):
-        grid = f"1x{vision.spatial_merge_size}x{num_patches // vision.spatial_merge_size}"
-        return serving_fixes.EncoderRows.of(encode(grid)).array
+    def encode(shape: dict[str, Any]):
+        return serving_fixes.EncoderRows.of(images.encoder(shape)).array
 
     run = functools.partial(manager._run_compilation, warmup_handler=lambda fn, args, kwargs: fn(*args, **kwargs))
-    for family, fn, first in ((VISION_ENCODER_PADDED, padded, "num_patches"), (IMAGE_ENCODER, encode, "image_grid"),
-                              (MULTIMODAL_MASK, mask, "num_tokens"), (EMPTY_EMBEDDING_ROWS, empty, "num_tokens")):
+    for family in (VISION_ENCODER_PADDED, IMAGE_ENCODER):
         for shape in shapes[family]:
-            run(family, fn, shape[first], **shape)
+            run(family, encode, shape, **shape)
+    for family, fn in ((MULTIMODAL_MASK, mask), (EMPTY_EMBEDDING_ROWS, empty)):
+        for shape in shapes[family]:
+            run(family, fn, shape["num_tokens"], **shape)
     for shape in shapes[PLACE_ENCODER_ROWS]:
         run(PLACE_ENCODER_ROWS, place, shape["num_tokens"], shape, **shape)
+
+
+def _is_gemma4(runner) -> bool:
+    from aotc.runners.tpu_inference import gemma4_vision
+
+    return gemma4_vision.ARCHITECTURE in (runner.model_config.hf_config.architectures or [])
+
+
+class _QwenImages:
+    """Qwen2.5-VL's encoder outputs, by the plan's shapes: an image grid's, or the padded encoder's at a patch
+    count (an image of exactly that many patches; with dynamic sizes its rows follow the patch bucket)."""
+
+    def __init__(self, runner):
+        self.runner, self.vision, self.encoded = runner, runner.model_config.hf_config.vision_config, {}
+
+    def encode_grid(self, grid: str):
+        if grid not in self.encoded:
+            self.encoded[grid] = _encode_image(self.runner, self.vision, [int(side) for side in grid.split("x")])
+        return self.encoded[grid]
+
+    def padded_grid(self, num_patches: int) -> str:
+        return f"1x{self.vision.spatial_merge_size}x{num_patches // self.vision.spatial_merge_size}"
+
+    def encoder(self, shape: dict[str, Any]):
+        return self.encode_grid(shape.get("image_grid") or self.padded_grid(shape["num_patches"]))
+
+    def output_of(self, place_shape: dict[str, Any]):
+        merge = self.vision.spatial_merge_size
+        return self.encode_grid(place_shape.get("image_grid") or self.padded_grid(place_shape["encoder_rows"] * merge ** 2))
+
+
+class _Gemma4Images:
+    """Gemma 4's encoder outputs, by soft-token budget: an image's patches padded to budget x pooling**2, as its
+    processor hands them over (bfloat16 pixels, int64 positions), and max_soft_tokens rows out."""
+
+    def __init__(self, runner):
+        self.runner, self.vision, self.encoded = runner, runner.model_config.hf_config.vision_config, {}
+
+    def encode(self, soft_tokens: int):
+        import torch
+
+        if soft_tokens not in self.encoded:
+            kernel, patch = self.vision.pooling_kernel_size, self.vision.patch_size
+            patches = soft_tokens * kernel ** 2
+            # one row of pooled tokens: kernel patches high, soft_tokens x kernel wide
+            positions = torch.stack([torch.arange(patches) % (soft_tokens * kernel),
+                                     torch.arange(patches) // (soft_tokens * kernel)], dim=-1)
+            [rows] = self.runner.embed_multimodal_fn(
+                self.runner.state_leaves, modality="image",
+                pixel_values=torch.zeros((1, patches, 3 * patch ** 2), dtype=torch.bfloat16),
+                pixel_position_ids=positions[None])
+            self.encoded[soft_tokens] = rows
+        return self.encoded[soft_tokens]
+
+    def encoder(self, shape: dict[str, Any]):
+        return self.encode(shape["soft_tokens"])
+
+    def output_of(self, place_shape: dict[str, Any]):
+        return self.encode(place_shape["encoder_rows"])
 
 
 def _encode_image(runner, vision, grid: list[int]):

@@ -8,7 +8,8 @@ Covered: a text-only model; speculative decoding (ngram, eagle3, mtp, dflash: th
 `_precompile_speculative_decoding`); data parallelism as tpu-inference runs it in one SPMD process
 (`total_dp_size`: every request and token bucket scales with it); async scheduling on or off; a vision-language model
 tpu-inference runs natively (Qwen2.5-VL: its vision encoder, the input-embeddings merger and the backbone over
-input embeddings). Not covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
+input embeddings; Gemma 4: the same without a warm-up encoder, and its encoder per soft-token budget beyond it,
+gemma4_vision). Not covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aotc.matrix import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
 from aotc.runners.multimodal import is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
+from aotc.runners.tpu_inference import gemma4_vision
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -30,7 +32,7 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
 # Vision-language architectures whose JAX model (tpu_inference/models/jax) the plan follows.
-PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration"})
+PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration", gemma4_vision.ARCHITECTURE})
 # Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
 # async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
 # dspark, dflash). Any other method (ngram) turns it off. tests/tpu_inference pins this to vLLM's own types.
@@ -162,16 +164,21 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
 
 def check_multimodal(entry: Entry, hf_config: dict) -> None:
     architectures = set(hf_config.get("architectures") or [])
-    if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES or "audio_config" in hf_config:
+    if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES:
         raise ValueError(f"{entry.name}: the tpu-inference plan covers the multimodal architectures "
                          f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))}, not "
                          f"{', '.join(sorted(architectures)) or 'this one'}")
+    if hf_config.get("audio_config"):
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers image inputs, not a model with an audio "
+                         "tower (audio_config): not planned yet")
     if str(entry.env.get("MODEL_IMPL_TYPE", "auto")).lower() not in ("auto", "flax_nnx"):
         raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models on its JAX implementation "
                          "(MODEL_IMPL_TYPE auto or flax_nnx)")
     if entry.engine.get("enable_lora") or speculative_config(entry) or data_parallel_size(entry) > 1:
         raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models without LoRA, "
                          "speculative decoding or data parallelism")
+    if gemma4_vision.is_gemma4_vision(hf_config):
+        gemma4_vision.check(entry)
 
 
 def additional_config(entry: Entry) -> dict:
@@ -274,6 +281,8 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
     spatial_merge_size pixels a side keeps its size through the processor, one token per merged patch."""
     if not is_multimodal(hf_config):
         return ()
+    if gemma4_vision.is_gemma4_vision(hf_config):
+        return gemma4_vision.traffic_images(entry, hf_config)
     vision = hf_config["vision_config"]
     factor = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
     extra = additional_config(entry)
@@ -295,12 +304,16 @@ def _large_images(entry: Entry, hf_config: dict) -> tuple[list[int], ...]:
 def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) -> list[GraphSpec]:
     """capture_model's multimodal steps: the vision encoder; per token bucket the input-embeddings merger with
     and without image embeddings; the backbone over input embeddings at every token bucket (its num_reqs is the
-    last attention request bucket: _precompile_backbone_with_inputs_embeds calls the helper after that loop)."""
-    graphs = vision_encoder_graphs(entry, hf_config)
+    last attention request bucket: _precompile_backbone_with_inputs_embeds calls the helper after that loop);
+    then what a step with images runs beyond the warm-up, per architecture."""
+    gemma4 = gemma4_vision.is_gemma4_vision(hf_config)
+    graphs = [] if gemma4 else vision_encoder_graphs(entry, hf_config)
     for t in p["tokens"]:
         graphs += [GraphSpec.of("input_embeddings_merger", num_tokens=t),
                    GraphSpec.of("input_embeddings_merger_text_only", num_tokens=t)]
     graphs += [GraphSpec.of("backbone_with_embeds", num_tokens=t, num_reqs=p["attn_reqs"][-1]) for t in p["tokens"]]
+    if gemma4:
+        return graphs + gemma4_vision.step_graphs(entry, hf_config, p["tokens"])
     return graphs + multimodal_step_graphs(entry, hf_config, p)
 
 

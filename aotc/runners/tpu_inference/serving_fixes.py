@@ -26,6 +26,10 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
   sequence bounds, padded to the patch bucket) are built with eager ops shaped by the image, and its output
   sliced to the image's rows. The fix builds them in NumPy and keeps the padded output whole with its row
   count (PaddedEncoderRows), so place_encoder_rows is keyed by the patch bucket, not the image.
+* Gemma 4 (tpu-inference's JAX Gemma4ForConditionalGeneration): an encoder batch's pixels and positions are
+  lifted to the device whole and sliced per image there (eager slices keyed by how many images share the
+  batch), and a batch whose images were processed at different soft-token budgets (vLLM hands over a list)
+  fails. The fix keeps them on the host and encodes each image alone, as the stack does with one image.
 * The vision warm-up (precompile_vision_encoder) makes its dummy pixels with vLLM's torch dtype, which jnp
   refuses at start-up; it runs with the JAX dtype the model was built with.
 """
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 QWEN2_5_VL = "tpu_inference.models.jax.qwen2_5_vl"
+GEMMA4_MM = "tpu_inference.models.jax.gemma4_mm"
 MULTIMODAL_MANAGER = "tpu_inference.runner.multimodal_manager"
 INSTALLED = "_aotc_serving_fix"
 
@@ -47,6 +52,7 @@ def install() -> None:
     from aotc.runners.watching import when_imported
 
     when_imported(QWEN2_5_VL, _fix_qwen2_5_vl)
+    when_imported(GEMMA4_MM, _fix_gemma4)
     when_imported(MULTIMODAL_MANAGER, _fix_multimodal_manager)
 
 
@@ -58,6 +64,15 @@ def _fix_qwen2_5_vl(module) -> None:
     model._parse_and_validate_image_input = _pixels_on_host(model._parse_and_validate_image_input)
     model._process_image_input = _each_image_alone(model._process_image_input)
     model.precompile_vision_encoder = _warm_up_in_the_models_dtype(model.precompile_vision_encoder)
+    setattr(model, INSTALLED, True)
+
+
+def _fix_gemma4(module) -> None:
+    model = module.Gemma4ForConditionalGeneration
+    if getattr(model, INSTALLED, False):
+        return
+    model._parse_and_validate_image_input = _gemma4_pixels_on_host(model._parse_and_validate_image_input)
+    model._process_image_input = _each_image_alone_on_host(model._process_image_input)
     setattr(model, INSTALLED, True)
 
 
@@ -96,6 +111,47 @@ def _fix_multimodal_manager(module) -> None:
         return
     manager.gather_mm_embeddings = _into_one_buffer(manager.gather_mm_embeddings)
     setattr(manager, INSTALLED, True)
+
+
+# --- Gemma 4 encoder inputs ------------------------------------------------------------------------------
+
+
+def host_images(values, dtype) -> list:
+    """Each image's rows (patches or positions) as a host array, from vLLM's batched tensor or its list."""
+    import numpy as np
+    import torch
+
+    images = list(values) if isinstance(values, (list, tuple)) or values.ndim == 3 else [values]
+    if dtype == "bfloat16":
+        from ml_dtypes import bfloat16
+
+        return [np.asarray(i.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(bfloat16)
+                           if isinstance(i, torch.Tensor) else i) for i in images]
+    return [np.asarray(i.to(torch.int32).numpy() if isinstance(i, torch.Tensor) else i, dtype=dtype)
+            for i in images]
+
+
+def _gemma4_pixels_on_host(parse):
+    @functools.wraps(parse)
+    def parse_pixels_on_host(model, **kwargs):
+        if kwargs.get("pixel_values") is None or kwargs.get("image_embeds") is not None:
+            return parse(model, **kwargs)
+        return {"type": "pixel_values", "pixel_values": host_images(kwargs["pixel_values"], "bfloat16"),
+                "pixel_position_ids": host_images(kwargs["pixel_position_ids"], "int32")}
+
+    return parse_pixels_on_host
+
+
+def _each_image_alone_on_host(process):
+    @functools.wraps(process)
+    def encode_each_image(model, image_input):
+        if not isinstance(image_input["pixel_values"], list):
+            return process(model, image_input)
+        return [rows for pixels, positions in zip(image_input["pixel_values"], image_input["pixel_position_ids"])
+                for rows in process(model, {**image_input, "pixel_values": pixels[None],
+                                            "pixel_position_ids": positions[None]})]
+
+    return encode_each_image
 
 
 # --- M-RoPE positions ---------------------------------------------------------------------------------
