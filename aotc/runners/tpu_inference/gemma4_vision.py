@@ -60,8 +60,9 @@ def processor_soft_tokens(entry: Entry, hf_config: dict) -> int:
 
 
 def soft_token_budgets(entry: Entry, hf_config: dict) -> list[int]:
-    """The budgets a request may process an image with (its mm_processor_kwargs max_soft_tokens): every supported
-    value up to the entry's own (vLLM sizes its encoder budget for that one) whose image fits max_model_len."""
+    """The budgets a request may process an image with (its mm_processor_kwargs max_soft_tokens, which vLLM
+    accepts only with trust_request_mm_kwargs): every supported value up to the entry's own (vLLM sizes its
+    encoder budget for that one) whose image fits max_model_len."""
     largest = processor_soft_tokens(entry, hf_config)
     return [n for n in SUPPORTED_SOFT_TOKENS
             if n <= largest and n + IMAGE_WRAPPER_TOKENS < entry.max_model_len]
