@@ -197,6 +197,11 @@ class Entry:
     env: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None  # absolute local directory when ``model`` is one
 
+    def engine_mapping(self, name: str) -> dict[str, Any]:
+        """An engine argument vllm serve takes as JSON, as a mapping (the matrix may give either); {} unset."""
+        value = self.engine.get(name) or {}
+        return json.loads(value) if isinstance(value, str) else value
+
     @functools.cached_property
     def backend(self) -> RunnerSpec:
         """The entry's runner, resolved once (``load_runner``); every hook the core calls goes through it."""

@@ -100,8 +100,7 @@ def logits_paddings(max_reqs: int, num_speculative_tokens: int) -> list[int]:
 
 def speculative_config(entry: Entry) -> dict | None:
     """`--speculative-config` as a mapping (the matrix may give it as vllm serve's JSON string)."""
-    spec = entry.engine.get("speculative_config")
-    return (json.loads(spec) if isinstance(spec, str) else spec) or None
+    return entry.engine_mapping("speculative_config") or None
 
 
 def async_scheduling(entry: Entry) -> bool:
@@ -182,8 +181,7 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
 
 
 def additional_config(entry: Entry) -> dict:
-    extra = entry.engine.get("additional_config") or {}
-    return json.loads(extra) if isinstance(extra, str) else extra
+    return entry.engine_mapping("additional_config")
 
 
 def image_shape_label(shape: list[int] | tuple[int, ...]) -> str:

@@ -31,15 +31,11 @@ def is_gemma4_vision(hf_config: dict | None) -> bool:
 
 
 def check(entry: Entry) -> None:
-    extra = entry.engine.get("additional_config") or {}
-    extra = json.loads(extra) if isinstance(extra, str) else extra
-    if extra.get("vision_warmup_config"):
+    if entry.engine_mapping("additional_config").get("vision_warmup_config"):
         raise ValueError(f"{entry.name}: tpu-inference 0.32 cannot start Gemma 4 with vision_warmup_config: its "
                          "precompile_vision_encoder hands 4-D pixels to a patch embedder that takes 3-D patches "
                          "(ValueError at start-up); leave it out (aotc compiles the encoder per soft-token budget)")
-    compilation = entry.engine.get("compilation_config") or {}
-    compilation = json.loads(compilation) if isinstance(compilation, str) else compilation
-    if compilation.get("cudagraph_mm_encoder"):
+    if entry.engine_mapping("compilation_config").get("cudagraph_mm_encoder"):
         raise ValueError(f"{entry.name}: the tpu-inference plan covers Gemma 4's image encoder as the stack runs it "
                          "by default, not through its encoder-budget manager (cudagraph_mm_encoder)")
 

@@ -116,19 +116,28 @@ def _fix_multimodal_manager(module) -> None:
 # --- Gemma 4 encoder inputs ------------------------------------------------------------------------------
 
 
-def host_images(values, dtype) -> list:
-    """Each image's rows (patches or positions) as a host array, from vLLM's batched tensor or its list."""
+def _each_image(values) -> list:
+    """vLLM's encoder batch (one tensor, one image's 2-D rows, or a list) as a list of per-image rows."""
+    return list(values) if isinstance(values, (list, tuple)) or values.ndim == 3 else [values]
+
+
+def host_pixels(values) -> list:
+    """Each image's patches as a bfloat16 host array (the stack's torch-to-jnp conversion, without the device)."""
+    import numpy as np
+    import torch
+    from ml_dtypes import bfloat16
+
+    return [np.asarray(i.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(bfloat16)
+                       if isinstance(i, torch.Tensor) else i) for i in _each_image(values)]
+
+
+def host_positions(values) -> list:
+    """Each image's patch positions as an int32 host array."""
     import numpy as np
     import torch
 
-    images = list(values) if isinstance(values, (list, tuple)) or values.ndim == 3 else [values]
-    if dtype == "bfloat16":
-        from ml_dtypes import bfloat16
-
-        return [np.asarray(i.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(bfloat16)
-                           if isinstance(i, torch.Tensor) else i) for i in images]
-    return [np.asarray(i.to(torch.int32).numpy() if isinstance(i, torch.Tensor) else i, dtype=dtype)
-            for i in images]
+    return [np.asarray(i.to(torch.int32).numpy() if isinstance(i, torch.Tensor) else i, dtype=np.int32)
+            for i in _each_image(values)]
 
 
 def _gemma4_pixels_on_host(parse):
@@ -136,8 +145,8 @@ def _gemma4_pixels_on_host(parse):
     def parse_pixels_on_host(model, **kwargs):
         if kwargs.get("pixel_values") is None or kwargs.get("image_embeds") is not None:
             return parse(model, **kwargs)
-        return {"type": "pixel_values", "pixel_values": host_images(kwargs["pixel_values"], "bfloat16"),
-                "pixel_position_ids": host_images(kwargs["pixel_position_ids"], "int32")}
+        return {"type": "pixel_values", "pixel_values": host_pixels(kwargs["pixel_values"]),
+                "pixel_position_ids": host_positions(kwargs["pixel_position_ids"])}
 
     return parse_pixels_on_host
 
