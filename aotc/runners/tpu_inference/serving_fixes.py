@@ -141,14 +141,8 @@ def host_positions(values) -> list:
 
 
 def _gemma4_pixels_on_host(parse):
-    @functools.wraps(parse)
-    def parse_pixels_on_host(model, **kwargs):
-        if kwargs.get("pixel_values") is None or kwargs.get("image_embeds") is not None:
-            return parse(model, **kwargs)
-        return {"type": "pixel_values", "pixel_values": host_pixels(kwargs["pixel_values"]),
-                "pixel_position_ids": host_positions(kwargs["pixel_position_ids"])}
-
-    return parse_pixels_on_host
+    return _on_host(parse, lambda kwargs: {"pixel_values": host_pixels(kwargs["pixel_values"]),
+                                           "pixel_position_ids": host_positions(kwargs["pixel_position_ids"])})
 
 
 def _each_image_alone_on_host(process):
@@ -193,15 +187,20 @@ def host_rows(pixels):
     return pixels.reshape(-1, pixels.shape[-1]) if pixels.ndim == 3 else pixels
 
 
-def _pixels_on_host(parse):
+def _on_host(parse, host_inputs):
+    """``parse`` with the image inputs kept on the host: host_inputs(kwargs), the model's fields as host arrays."""
     @functools.wraps(parse)
     def parse_pixels_on_host(model, **kwargs):
         if kwargs.get("pixel_values") is None or kwargs.get("image_embeds") is not None:
             return parse(model, **kwargs)
-        return {"type": "pixel_values", "pixel_values": host_rows(kwargs["pixel_values"]),
-                "image_grid_thw": kwargs.get("image_grid_thw")}
+        return {"type": "pixel_values", **host_inputs(kwargs)}
 
     return parse_pixels_on_host
+
+
+def _pixels_on_host(parse):
+    return _on_host(parse, lambda kwargs: {"pixel_values": host_rows(kwargs["pixel_values"]),
+                                           "image_grid_thw": kwargs.get("image_grid_thw")})
 
 
 def _each_image_alone(process):
