@@ -19,7 +19,8 @@ STORE ?= .aotc/store
 ARTIFACTS ?= .aotc/artifacts
 # both backends by default (DEMO=configs/demo.yaml: the torch_xla one only)
 DEMO ?= configs/demo.yaml configs/demo-jax.yaml
-PYTEST_ARGS ?=
+# the slowest tests' times in every run's log (CI's too): where the suite's minutes go, measured where it ran
+PYTEST_ARGS ?= --durations=25
 # pytest-xdist workers; each test module stays on one worker (--dist loadscope), so a module's shared build is
 # built once. Most of the suite is one process waiting on another (an engine, a server): two workers on two
 # cores take 29 min where one took 46 (measured on the 2-core machine). 0: one process.

@@ -21,7 +21,7 @@ def test_a_16_seq_build_verifies_with_zero_misses_at_several_seeds(jax_env, tmp_
     entry = built(aotc(jax_env, "build", demo(tmp_path, "16"), "--out", tmp_path / "out", "--traffic", "16",
                        "--json"))[0]
     assert entry["entry"] == ENTRY
-    for seed in (1, 2, 3):
+    for seed in (1, 2):
         proc = aotc(jax_env, "verify", entry["artifact_dir"], "--seed", str(seed), "--traffic", "32", "--json")
         assert proc.returncode == 0, (seed, proc.stderr[-4000:])
         result = json.loads(proc.stdout)
