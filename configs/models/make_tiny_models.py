@@ -145,6 +145,12 @@ GEMMA4_IMAGE = {"image_processor_type": "Gemma4ImageProcessor", "max_soft_tokens
                 "do_resize": True, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0], "resample": 3,
                 "rescale_factor": 1 / 255}
 
+# Llama Guard 4 (tpu-inference's LlamaGuard4ForCausalLM for Llama4ForConditionalGeneration): a dense Llama 4 text
+# model (no MoE layers; the stack reads its depth from text_config.num_layers, 48 if absent, as the 12B's) and a
+# 2-layer Llama 4 vision tower over 56-pixel tiles of 14-pixel patches, pixel-shuffled 2 x 2 (4 tokens a tile);
+# an image is cut into at most 4 tiles plus a global one (max_patches), so it takes 1, 3, 4 or 5 tiles.
+LLAMA_GUARD_TILE, LLAMA_GUARD_MAX_TILES = 56, 4
+
 
 @dataclass(frozen=True)
 class VisionModel:
@@ -214,6 +220,31 @@ VISION_ZOO: dict[str, VisionModel] = {
         # transformers 5.19's Gemma4Processor refuses any input unless the audio tokens are named too
         named_tokens={"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<image_soft_token>",
                       "audio_token": "<audio_soft_token>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}),
+    # The image placeholder (<|image|>) is vLLM's Llama 4 chat placeholder; image_token_index is the patch token,
+    # the rows the tiles' embeddings go to.
+    "tiny-llama-guard-4": VisionModel(
+        config={"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                "boi_token_index": 512, "eoi_token_index": 513, "image_token_index": 515,
+                "text_config": {**COMMON, "model_type": "llama4_text", "vocab_size": 528, "num_local_experts": 0,
+                                "num_experts_per_tok": 0, "interleave_moe_layer_step": 1, "moe_layers": [], "num_layers": 2,
+                                "intermediate_size_mlp": 128, "use_qk_norm": True, "attention_chunk_size": 8192,
+                                "no_rope_layers": [], "attn_temperature_tuning": True},
+                "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 32, "intermediate_size": 128,
+                                  "num_hidden_layers": 2, "num_attention_heads": 2, "num_channels": 3,
+                                  "image_size": LLAMA_GUARD_TILE, "patch_size": PATCH, "pixel_shuffle_ratio": 0.5,
+                                  "projector_input_dim": 64, "projector_output_dim": 64, "vision_output_dim": 64,
+                                  "multi_modal_projector_bias": False, "norm_eps": 1e-05, "hidden_act": "gelu",
+                                  "rope_theta": 10000, "vision_feature_layer": -1,
+                                  "vision_feature_select_strategy": "default"},
+                "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+        tokens={"<|image_start|>": 512, "<|image_end|>": 513, "<|image|>": 514, "<|patch|>": 515,
+                "<|tile_x_separator|>": 516, "<|tile_y_separator|>": 517},
+        preprocessor={"image_processor_type": "Llama4ImageProcessorFast", "processor_class": "Llama4Processor",
+                      "size": {"height": LLAMA_GUARD_TILE, "width": LLAMA_GUARD_TILE},
+                      "max_patches": LLAMA_GUARD_MAX_TILES, "resize_to_max_canvas": False, "do_resize": True,
+                      "resample": 2, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+                      "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+        processor={"processor_class": "Llama4Processor", "patch_size": PATCH, "pixel_shuffle_ratio": 0.5}),
 }
 
 

@@ -49,18 +49,23 @@ def config_namespace(config: dict) -> SimpleNamespace:
     return SimpleNamespace(**{k: config_namespace(v) if isinstance(v, dict) else v for k, v in config.items()})
 
 
-def is_gemma4(multimodal: dict | None) -> bool:
-    return "Gemma4ForConditionalGeneration" in ((multimodal or {}).get("hf_config", {}).get("architectures") or [])
+def architecture(multimodal: dict | None) -> str | None:
+    return ((multimodal or {}).get("hf_config", {}).get("architectures") or [None])[0]
 
 
 def vision_encoder_precompile(multimodal: dict, vllm_config: SimpleNamespace):
-    """The model's own precompile_vision_encoder (Qwen2.5-VL's or Gemma 4's) bound to a stand-in model that
-    carries its configs."""
-    if is_gemma4(multimodal):
+    """The model's own precompile_vision_encoder (Qwen2.5-VL's, Gemma 4's or Llama Guard 4's) bound to a stand-in
+    model that carries its configs."""
+    if architecture(multimodal) == "Gemma4ForConditionalGeneration":
         from tpu_inference.models.jax.gemma4_mm import Gemma4ForConditionalGeneration
 
         model = SimpleNamespace(vllm_config=vllm_config)
         return lambda run_compilation: Gemma4ForConditionalGeneration.precompile_vision_encoder(model, run_compilation)
+    if architecture(multimodal) == "Llama4ForConditionalGeneration":
+        from tpu_inference.models.jax.llama_guard_4 import LlamaGuard4ForCausalLM
+
+        model = SimpleNamespace(vllm_config=vllm_config, _compute_vision_features_jit=None)
+        return lambda run_compilation: LlamaGuard4ForCausalLM.precompile_vision_encoder(model, run_compilation)
     from tpu_inference.models.jax.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 
     visual = SimpleNamespace(encode_jit=None, encode_padded_jit=None, enable_dynamic_image_sizes=bool(
@@ -99,7 +104,7 @@ def stand_in_runner(case):
         cache_config=SimpleNamespace(block_size=16, cache_dtype="auto"), dtype="bfloat16",
         scheduler_config=scheduler_config,
         mesh=jax.sharding.Mesh(np.array(jax.devices()[:dp]).reshape(dp, 1), MESH_AXIS_NAMES_2D),
-        rank=0, uses_mrope=bool(multimodal) and not is_gemma4(multimodal), is_multimodal_model=bool(multimodal), is_last_rank=True, is_first_rank=True, is_pooling_model=False,
+        rank=0, uses_mrope=architecture(multimodal) == "Qwen2_5_VLForConditionalGeneration", is_multimodal_model=bool(multimodal), is_last_rank=True, is_first_rank=True, is_pooling_model=False,
         enable_continue_decode=False, lora_config=None, kv_caches=None, state_leaves=None,
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l0"])], has_mamba_layers=False),
         layer_name_to_kvcache_index={}, rng_params_for_sampling=None, model_fn=None, compute_logits_fn=None,

@@ -3,10 +3,11 @@ code it replaces, over random inputs: Qwen2.5-VL's M-RoPE positions (prompts of 
 image encoder inputs (encoder batches of one to four images), and MultiModalManager.gather_mm_embeddings with
 the embedding padding after it (steps of random prefill chunks through prompts with images), and with dynamic
 image sizes the padded encoder's inputs and its image rows (random grids); Gemma 4's encoder inputs (batches
-of images at one or several soft-token budgets).
+of images at one or several soft-token budgets); Llama Guard 4's (batches of images of 1 to 5 tiles).
 
 stdin: {"config": model dir, "cases": n, "padded_cases": m, "seed": s}
-stdout (last line): {"mrope": [mismatching cases], "images": [...], "gather": [...], "padded_images": [...], "gemma4_images": [...],
+stdout (last line): {"mrope": [mismatching cases], "images": [...], "gather": [...], "padded_images": [...],
+                     "gemma4_images": [...], "llama_guard_4_images": [...],
                      "cases": n, "gathered_pieces": count, "patch_buckets": count, "host_types": [...],
                      "patched": bool}
 """
@@ -132,6 +133,43 @@ def check_gemma4_images(rng, cases, fixes, gemma4) -> list:
     return mismatches
 
 
+class FakeLlamaGuard4Model:
+    """What Llama Guard 4's image path asks of the model: a vision tower and projector whose rows for a tile depend
+    on that tile's pixels alone (NHWC in, as the stack hands them over: 2 x 2 pixels, 2 rows of 6 a tile), and the
+    jitted pair of them the fix runs per image."""
+
+    @staticmethod
+    def vision_model(tiles):
+        return tiles.reshape(tiles.shape[0], -1, 6).astype(jnp.float32) * 2
+
+    @staticmethod
+    def multi_modal_projector(features):
+        return features + 1
+
+    _compute_vision_features_jit = staticmethod(jax.jit(lambda tiles: FakeLlamaGuard4Model.multi_modal_projector(
+        FakeLlamaGuard4Model.vision_model(tiles))))
+
+
+def check_llama_guard_4_images(rng, cases, fixes, llama_guard_4) -> list:
+    """Encoder batches of one to three images of 1, 3, 4 or 5 tiles, as vLLM hands them over (the batch's tiles
+    as one NCHW bf16 tensor, the tile counts as a tensor or a list): each image's rows from ours, flattened, equal
+    what the stack's embed_multimodal returns for it, and the shape the runner sees is the stack's."""
+    stack, model, mismatches = llama_guard_4.LlamaGuard4ForCausalLM, FakeLlamaGuard4Model(), []
+    ours = fixes._each_image_by_its_tiles(stack.embed_multimodal)
+    for case in range(cases):
+        counts = [rng.choice([1, 3, 4, 5]) for _ in range(rng.randint(1, 3))]
+        pixels = torch.randn(sum(counts), 3, 2, 2).to(torch.bfloat16)
+        per_image = torch.tensor(counts) if case % 2 else [[n] for n in counts]
+        theirs = stack.embed_multimodal(model, pixel_values=pixels, patches_per_image=per_image)
+        mine = ours(model, pixel_values=pixels, patches_per_image=per_image)
+        if not (len(mine) == len(theirs) == len(counts)
+                and all(isinstance(m, fixes.TiledEncoderRows) and m.shape == t.shape
+                        and np.array_equal(np.asarray(m.array).reshape(m.shape), np.asarray(t))
+                        for m, t in zip(mine, theirs))):
+            mismatches.append({"case": case, "tiles": counts})
+    return mismatches
+
+
 def stack_vision(qwen2_5_vl, head_dim: int, window_size: int):
     """The stack's Qwen2_5_VisionTransformer methods that build the padded encoder's inputs, over the
     attributes they read (a real tower's sizes, no weights); its padded encoder a stand-in that depends on
@@ -254,15 +292,21 @@ def main() -> None:
 
     gemma4_originals = {"_process_image_input": gemma4_mm.Gemma4ForConditionalGeneration._process_image_input}
     gemma4_images = check_gemma4_images(rng, request["padded_cases"], serving_fixes, gemma4_mm)
+    from tpu_inference.models.jax import llama_guard_4
+
+    guard_embed = llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal
+    llama_guard_4_images = check_llama_guard_4_images(rng, request["padded_cases"], serving_fixes, llama_guard_4)
     serving_fixes.install()
     serving_fixes.install()  # twice: still one layer of fixes
     patched = (stack.get_mrope_input_positions is serving_fixes.host_mrope_input_positions
                and stack._process_image_input.__wrapped__ is originals["_process_image_input"]
                and multimodal_manager.MultiModalManager.gather_mm_embeddings.__wrapped__ is gather
                and gemma4_mm.Gemma4ForConditionalGeneration._process_image_input.__wrapped__
-               is gemma4_originals["_process_image_input"])
+               is gemma4_originals["_process_image_input"]
+               and llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal.__wrapped__ is guard_embed)
     print(json.dumps({"cases": cases, "mrope": mrope, "images": images, "gather": gathered, "gathered_pieces": pieces,
-                      "padded_images": padded, "gemma4_images": gemma4_images, "patch_buckets": patch_buckets, "host_types": sorted(types),
+                      "padded_images": padded, "gemma4_images": gemma4_images,
+                      "llama_guard_4_images": llama_guard_4_images, "patch_buckets": patch_buckets, "host_types": sorted(types),
                       "patched": patched}))
 
 

@@ -3,8 +3,9 @@ configs/multimodal-jax.yaml builds every planned graph (the input-embeddings mer
 embeddings, tests/tpu_inference/test_plan_jax.py tying them to tpu-inference's own capture_model; beyond the
 warm-up what a step with image embeddings runs under aotc's serving fixes), then a fresh server's verify under
 text and image traffic finds every graph in the artifact, and the stock server under chat requests with images
-compiles nothing after ready; with images by grid, with images of any size (enable_dynamic_image_sizes), and on
-Gemma 4 (its encoder per soft-token budget). One build of the matrix, shared.
+compiles nothing after ready; with images by grid, with images of any size (enable_dynamic_image_sizes), on
+Gemma 4 (its encoder per soft-token budget) and on Llama Guard 4 (its encoder per tile count). One build of the
+matrix, shared.
 
 Zero depends on the serving fixes (aotc/runners/tpu_inference/serving_fixes.py, held equal to the stack's code by
 test_serving_fixes_jax.py): without them tpu-inference slices, joins and pads each request's M-RoPE positions,
@@ -22,15 +23,15 @@ import pytest
 from aotc.graphs import GraphSpec
 from aotc.matrix import hf_config, load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.tpu_inference import gemma4_vision
+from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
 from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 
-from .conftest import REPO
+from .conftest import REPO, run_jax
 
 CONFIG = REPO / "configs" / "multimodal-jax.yaml"
-# Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4
-ENTRY, DYNAMIC, GEMMA4 = load_matrix(CONFIG).entries
+# Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4; Llama Guard 4
+ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4 = load_matrix(CONFIG).entries
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
@@ -101,35 +102,33 @@ def test_images_above_the_step_budget_plan_the_padded_encoder_the_warmup_stops_s
     assert not large_image_encoder_graphs(ENTRY, hf_config(ENTRY))  # images by grid: no padded encoder
 
 
-MAX_IMAGE_TOKENS = """
-import json, sys
-from vllm.config import ModelConfig
-from vllm.multimodal import MULTIMODAL_REGISTRY
-from vllm.multimodal.encoder_budget import get_mm_max_toks_per_item
-model, cases = json.loads(sys.argv[1])
-tokens = []
-for max_len, kwargs in cases:
-    config = ModelConfig(model=model, max_model_len=max_len, mm_processor_kwargs=kwargs,
-                         limit_mm_per_prompt={"image": 2, "video": 0})
-    processor = MULTIMODAL_REGISTRY.create_processor(config)
-    tokens.append(get_mm_max_toks_per_item(processor, {"image": 1}, None)["image"])
-print(json.dumps(tokens))
-"""
+# Qwen2.5-VL's processor bounds: the model's own, and mm_processor_kwargs' (max_model_len 128 throughout)
+QWEN_BOUNDS = [[128, None], [128, {"max_pixels": 50176}],
+               [128, {"size": {"longest_edge": 50176, "shortest_edge": 3136}}],
+               [128, {"max_pixels": 100000}], [128, {"max_pixels": 1000000}]]
+# Gemma 4's images beyond the sweep's: very wide, and large
+GEMMA4_SIZES = [list(s) for s in gemma4_vision.IMAGE_SHAPES] + [[16, 900], [500, 333]]
+# Llama Guard 4's images beyond the sweep's: smaller than a tile, very wide, very tall, between tiles, very large
+LLAMA_GUARD_4_SIZES = [[20, 20], [56, 500], [500, 56], [300, 200], [113, 57], [1000, 1000]]
 
 
-def test_the_largest_image_is_vllms_own_bound(jax_env):
+@pytest.fixture(scope="module")
+def processors(jax_env) -> dict:
+    """vLLM-TPU's own processors on the tiny models (tests/tpu_inference/jax_processors.py), in one process."""
+    guard = hf_config(LLAMA_GUARD_4)
+    guard_sizes = [[h, w] for h, w, _ in llama_guard_4.traffic_images(LLAMA_GUARD_4, guard)] + LLAMA_GUARD_4_SIZES
+    return run_jax(jax_env, Path(__file__).with_name("jax_processors.py"), {
+        "qwen": [str(ENTRY.model_path), QWEN_BOUNDS],
+        "gemma4": [str(GEMMA4.model_path), GEMMA4.max_model_len,
+                   gemma4_vision.soft_token_budgets(GEMMA4, hf_config(GEMMA4)), GEMMA4_SIZES],
+        "llama_guard_4": [str(LLAMA_GUARD_4.model_path), LLAMA_GUARD_4.max_model_len, guard_sizes]})
+
+
+def test_the_largest_image_is_vllms_own_bound(processors):
     """image_max_patches over merge**2 is the most tokens vLLM-TPU's processor gives one image (what its encoder
     budget is sized by), from the model's preprocessor_config.json or mm_processor_kwargs, up to what
     max_model_len can hold."""
-    import subprocess
-
-    cases = [[128, None], [128, {"max_pixels": 50176}], [128, {"size": {"longest_edge": 50176, "shortest_edge": 3136}}],
-             [128, {"max_pixels": 100000}], [128, {"max_pixels": 1000000}]]
-    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", MAX_IMAGE_TOKENS,
-                           json.dumps([str(ENTRY.model_path), cases])],
-                          capture_output=True, text=True, timeout=900, env={**jax_env, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for (max_len, kwargs), theirs in zip(cases, json.loads(proc.stdout.strip().splitlines()[-1])):
+    for (max_len, kwargs), theirs in zip(QWEN_BOUNDS, processors["qwen"], strict=True):
         entry = dataclasses.replace(DYNAMIC, max_model_len=max_len,
                                     engine={**DYNAMIC.engine, "mm_processor_kwargs": kwargs})
         assert image_max_patches(entry, hf_config(entry)) // 4 == min(theirs, max_len), (kwargs, theirs)
@@ -170,53 +169,68 @@ def test_gemma4_with_an_audio_tower_is_refused_in_one_line():
     check_multimodal(GEMMA4, {**hf_config(GEMMA4), "audio_config": None})  # image-only Gemma 4 configs carry it as null
 
 
-GEMMA4_PROCESSOR = """
-import json, sys
-from PIL import Image
-from vllm.config import ModelConfig
-from vllm.multimodal import MULTIMODAL_REGISTRY
-from vllm.multimodal.encoder_budget import get_mm_max_toks_per_item
-model, max_len, budgets, sizes = json.loads(sys.argv[1])
-config = ModelConfig(model=model, max_model_len=max_len, limit_mm_per_prompt={"image": 1, "video": 0, "audio": 0})
-processor = MULTIMODAL_REGISTRY.create_processor(config)
-out = {"most_tokens": get_mm_max_toks_per_item(processor, {"image": 1}, None)["image"], "patches": {}, "tokens": {}}
-hf = processor.info.get_hf_processor()
-for budget in budgets:
-    for h, w in sizes:
-        inputs = hf(text=[hf.image_token], images=[[Image.new("RGB", (w, h))]], max_soft_tokens=budget,
-                    return_tensors="np")
-        out["patches"].setdefault(str(budget), []).append(list(inputs["pixel_values"].shape))
-        out["tokens"].setdefault(str(budget), []).append(int((inputs["input_ids"] == hf.image_token_id).sum()))
-print(json.dumps(out))
-"""
-
-
-def test_gemma4_encoder_shape_follows_the_budget_not_the_image(jax_env):
+def test_gemma4_encoder_shape_follows_the_budget_not_the_image(processors):
     """Gemma 4's own processor (vLLM-TPU's venv) pads images of any size and aspect to budget x pooling**2
     patches, and gives each at most the budget's tokens: one encoder graph and one encoder-row count per budget.
     The budget an entry serves by default is vLLM's own largest image (its encoder budget)."""
-    import subprocess
-
     config = hf_config(GEMMA4)
-    budgets = gemma4_vision.soft_token_budgets(GEMMA4, config)
-    sizes = [list(s) for s in gemma4_vision.IMAGE_SHAPES] + [[16, 900], [500, 333]]
-    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", GEMMA4_PROCESSOR,
-                           json.dumps([str(GEMMA4.model_path), GEMMA4.max_model_len, budgets, sizes])],
-                          capture_output=True, text=True, timeout=900, env={**jax_env, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    budgets, theirs = gemma4_vision.soft_token_budgets(GEMMA4, config), processors["gemma4"]
     vision = config["vision_config"]
     assert theirs["most_tokens"] == gemma4_vision.processor_soft_tokens(GEMMA4, config) == max(budgets)
     for budget in budgets:
         patches = budget * vision["pooling_kernel_size"] ** 2
-        assert theirs["patches"][str(budget)] == [[1, patches, 3 * vision["patch_size"] ** 2]] * len(sizes)
+        assert theirs["patches"][str(budget)] == [[1, patches, 3 * vision["patch_size"] ** 2]] * len(GEMMA4_SIZES)
         assert all(0 < n <= budget for n in theirs["tokens"][str(budget)]), theirs["tokens"]
     sent = gemma4_vision.traffic_images(GEMMA4, config)
     assert all(tokens >= max(budgets) for _, _, tokens in sent)
 
 
+def test_llama_guard_4_plans_its_encoder_per_tile_count_and_nothing_per_image():
+    """Llama Guard 4 beyond the warm-up: the encoder at each tile count an image can have (one tile, or a canvas
+    of 2 to max_patches = 4 tiles and the global one), per token bucket the mask and the buffer, per bucket and
+    tile count the copy of its rows (4 tokens a tile); no encoder in the warm-up unless vision_warmup_config
+    names the tile's shape."""
+    plan = plan_entry(LLAMA_GUARD_4)
+    tokens, tiles = plan.buckets["token_paddings"], llama_guard_4.tile_counts(LLAMA_GUARD_4, hf_config(LLAMA_GUARD_4))
+    assert MULTIMODAL_FAMILIES <= set(plan.families()) and tiles == [1, 3, 4, 5]
+    assert {g.family for g in plan.graphs if g.beyond_warmup} == {"image_encoder", "multimodal_mask",
+                                                                  "empty_embedding_rows", "place_encoder_rows"}
+    assert sorted(g.shape_dict["image_tiles"] for g in plan.graphs if g.family == "image_encoder") == tiles
+    rows = sorted(tuple(sorted(g.shape_dict.items())) for g in plan.graphs if g.family == "place_encoder_rows")
+    assert rows == sorted((("encoder_rows", 4 * n), ("num_tokens", t)) for t in tokens for n in tiles)
+    assert "vision_encoder_projector" not in plan.families()
+    warm = dataclasses.replace(LLAMA_GUARD_4, engine={**LLAMA_GUARD_4.engine, "additional_config": {
+        "vision_warmup_config": {"image_shapes": [[56, 56]]}}})
+    assert plan_entry(warm).families()["vision_encoder_projector"] == 1
+    # an image whose tiles cannot fit max_model_len is not reachable
+    short = dataclasses.replace(LLAMA_GUARD_4, max_model_len=20)
+    assert llama_guard_4.tile_counts(short, hf_config(short)) == [1, 3]
+
+
+def test_llama_guard_4_refuses_warmup_shapes_its_tower_cannot_run():
+    entry = dataclasses.replace(LLAMA_GUARD_4, engine={**LLAMA_GUARD_4.engine, "additional_config": {
+        "vision_warmup_config": {"image_shapes": [[224, 224]]}}})
+    with pytest.raises(ValueError, match=r"56 x 56 tiles"):
+        plan_entry(entry)
+
+
+def test_llama_guard_4_tile_counts_are_vllms_own(processors):
+    """vLLM-TPU's own Llama 4 processor, on images of many sizes and aspects: every image's tile count is a planned
+    one, with tokens_per_tile embedding rows a tile (the rows place_encoder_rows is planned for) and the prompt
+    length the plan bounds tile counts by; the sweep's images reach every planned count, in order; vLLM's
+    largest image (its encoder budget) is the largest planned count's rows."""
+    config, theirs = hf_config(LLAMA_GUARD_4), processors["llama_guard_4"]
+    sent = llama_guard_4.traffic_images(LLAMA_GUARD_4, config)
+    tiles, per_tile = llama_guard_4.tile_counts(LLAMA_GUARD_4, config), llama_guard_4.tokens_per_tile(config)
+    assert [[count, length] for count, _, length in theirs["images"][:len(sent)]] == [
+        [n, tokens] for n, (_, _, tokens) in zip(tiles, sent)]
+    for count, rows, length in theirs["images"]:
+        assert count in tiles and rows == count * per_tile and length == llama_guard_4.prompt_tokens(count, per_tile)
+    assert theirs["most_tokens"] == max(tiles) * per_tile
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4], ids=lambda e: e.name)
 def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry):
     artifact, report, _ = built[entry.name]
     expected = plan_entry(entry)
@@ -228,7 +242,7 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,))],
+@pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,)), (LLAMA_GUARD_4, (1,))],
                          ids=lambda e: getattr(e, "name", ""))
 def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce, entry, seeds):
     """Every planned graph loads from the artifact and a fresh server compiles nothing under text and image
@@ -243,7 +257,7 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4], ids=lambda e: e.name)
 def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is

@@ -18,9 +18,13 @@ from .conftest import REPO, run_jax
 SCRIPT = Path(__file__).with_name("jax_facts.py")
 
 
+DEMO = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
+
+
 def sweep() -> list[list[int]]:
     rng = random.Random(7)
-    cases = [[8, 64, 0, 2], [1, 16, 0, 2], [256, 8192, 0, 2], [128, 512, 64, 2], [64, 1024, 0, 4], [8, 64, 0, 1]]
+    cases = [[DEMO.max_num_seqs, DEMO.max_num_batched_tokens, 0, 2]]  # first: the demo entry's
+    cases += [[8, 64, 0, 2], [1, 16, 0, 2], [256, 8192, 0, 2], [128, 512, 64, 2], [64, 1024, 0, 4], [8, 64, 0, 1]]
     cases += [[12, 96, 0, 2], [8, 384, 64, 2], [8, 100, 0, 2], [8, 200, 48, 4], [8, 1000, 128, 1]]
     for i in range(400):
         # powers of two and budgets between buckets, as vLLM accepts them
@@ -67,9 +71,8 @@ def test_plan_accepts_budgets_between_buckets_as_tpu_inference_does(facts):
 
 def entry_for(seqs: int, tokens: int, gap: int, packing: int):
     dtype = {1: "float32", 2: "bfloat16", 4: "bfloat16"}[packing]
-    base = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
     engine = {"kv_cache_dtype": "fp8"} if packing == 4 else {}
-    return type(base)(**{**base.to_dict(), "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "dtype": dtype,
+    return type(DEMO)(**{**DEMO.to_dict(), "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "dtype": dtype,
                          "engine": engine, "env": {"VLLM_TPU_BUCKET_PADDING_GAP": gap}})
 
 
@@ -101,16 +104,14 @@ def test_cpu_twin_mla_attention_matches_tpu_inference_reference(facts):
     assert facts["mla_attention_error"] <= 2 ** -6
 
 
-def test_demo_plan_follows_tpu_inferences_paddings_through_its_precompile_loops(jax_env):
+def test_demo_plan_follows_tpu_inferences_paddings_through_its_precompile_loops(facts):
     """The demo plan's buckets are tpu-inference's own (computed by its helpers under the JAX venv), and each
     family's count follows from them through the loops of its CompilationManager._precompile_* steps.
     That the plan equals the precompiles tpu-inference really runs is proven by the build itself
     (tests/tpu_inference/test_build_verify_jax.py): the core's plan_coverage fails a build on any missing or unplanned call."""
-    entry = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
-    theirs = run_jax(jax_env, SCRIPT, {"paddings": [[entry.max_num_seqs, entry.max_num_batched_tokens, 0, 2]]})
-    padded = theirs["paddings"][0]
+    padded = facts["paddings"][0]  # sweep()'s first case
     tokens, reqs, attn = padded["tokens"], padded["reqs"], padded["attn_reqs"]
-    plan = plan_entry(entry)
+    plan = plan_entry(DEMO)
     assert plan.buckets["token_paddings"] == tokens and plan.buckets["request_paddings"] == reqs
     assert list(plan.families()) == list(buckets.FAMILIES)  # in the order the engine compiles them
     assert plan.families() == {
@@ -159,8 +160,9 @@ def feature_entry(case: dict):
 
 @pytest.fixture(scope="module")
 def captured(jax_env):
+    """capture_model's calls for the feature sweep's cases, then the multimodal sweep's (one JAX process)."""
     cases = [{**c, "async": buckets.async_scheduling(feature_entry(c))} for c in feature_sweep()]
-    return run_jax(jax_env, CAPTURE, {"cases": cases})
+    return run_jax(jax_env, CAPTURE, {"cases": cases + multimodal_capture_cases()})
 
 
 def test_feature_plans_equal_what_tpu_inferences_capture_model_calls(captured):
@@ -227,10 +229,13 @@ def multimodal_sweep() -> list[dict]:
     # Gemma 4: its warm-up compiles no encoder (the plan's encoder per soft-token budget is beyond it)
     cases += [{"seqs": seqs, "tokens": tokens, "extra": {}, "mm_kwargs": None, "entry": GEMMA4}
               for seqs, tokens in ((8, 128), (4, 100))]
+    # Llama Guard 4: its warm-up compiles the tower at one tile for each (tile-sized) warm-up shape, else nothing
+    cases += [{"seqs": 8, "tokens": 64, "extra": extra, "mm_kwargs": None, "entry": LLAMA_GUARD_4}
+              for extra in ({}, {"vision_warmup_config": {"image_shapes": [[56, 56]]}})]
     return cases
 
 
-GEMMA4 = 2  # configs/multimodal-jax.yaml's gemma4-vision
+GEMMA4, LLAMA_GUARD_4 = 2, 3  # configs/multimodal-jax.yaml's gemma4-vision and llama-guard-4
 
 
 def multimodal_entry(case: dict):
@@ -242,11 +247,7 @@ def multimodal_entry(case: dict):
                          "engine": engine})
 
 
-def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(jax_env):
-    """Vision-language models (the tiny Qwen2.5-VL's and Gemma 4's config.json): the plan's warm-up lists exactly
-    the `_run_compilation` calls capture_model makes for a multimodal runner (the text-only backbone, the model's
-    own precompile_vision_encoder, the input-embeddings merger and the backbone over input embeddings), by family
-    and shape, in the engine's order."""
+def multimodal_capture_cases() -> list[dict]:
     from aotc.matrix import hf_config
 
     cases = []
@@ -256,8 +257,18 @@ def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(jax_env)
                       "async": buckets.async_scheduling(entry),
                       "multimodal": {"hf_config": hf_config(entry), "additional_config": case["extra"],
                                      "mm_processor_kwargs": case["mm_kwargs"]}})
-    captured = run_jax(jax_env, CAPTURE, {"cases": cases})
-    for case, calls in zip(multimodal_sweep(), captured["calls"]):
+    return cases
+
+
+def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(captured):
+    """Vision-language models (the tiny Qwen2.5-VL's, Gemma 4's and Llama Guard 4's config.json): the plan's
+    warm-up lists exactly the `_run_compilation` calls capture_model makes for a multimodal runner (the text-only
+    backbone, the model's own precompile_vision_encoder, the input-embeddings merger and the backbone over input
+    embeddings), by family and shape, in the engine's order."""
+    from aotc.matrix import hf_config
+
+    assert len(captured["calls"]) == len(feature_sweep()) + len(multimodal_sweep())
+    for case, calls in zip(multimodal_sweep(), captured["calls"][len(feature_sweep()):]):
         entry = multimodal_entry(case)
         plan = buckets.capture_plan(entry, hf_config(entry))
         planned = [g.key for g in plan if not g.beyond_warmup]

@@ -51,5 +51,11 @@ def test_gemma4_images_each_alone_on_host_equal_the_stacks_batch(compared):
     assert compared["gemma4_images"] == []
 
 
+def test_llama_guard_4_images_each_by_its_tiles_equal_the_stacks_batch(compared):
+    """Llama Guard 4 encoder batches of one to three images of 1 to 5 tiles: each image's rows, the tiles' tokens in
+    order, equal what tpu-inference's embed_multimodal splits off for it from the whole batch."""
+    assert compared["llama_guard_4_images"] == []
+
+
 def test_install_patches_once(compared):
     assert compared["patched"] and compared["cases"] == CASES

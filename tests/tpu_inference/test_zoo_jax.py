@@ -109,9 +109,7 @@ except model_loader.UnsupportedArchitectureError:
 print(json.dumps({name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in model_loader._MODEL_REGISTRY.items()}))
 """
 # tpu-inference's JAX architectures the twins do not build yet, each with the reason (README: the support table).
-NOT_YET = {
-    "Llama4ForConditionalGeneration": "a vision model (tpu-inference serves it as LlamaGuard 4): families not planned",
-}
+NOT_YET: dict[str, str] = {}
 # The matrices whose entries build on the twin in the suite (zoo, demo, features, multimodal).
 BUILT_MATRICES = ("zoo-jax.yaml", "demo-jax.yaml", "features-jax.yaml", "multimodal-jax.yaml")
 

@@ -62,7 +62,7 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
     from aotc.runners.tpu_inference import serving_fixes
 
     runner = manager.runner
-    images = _Gemma4Images(runner) if _is_gemma4(runner) else _QwenImages(runner)
+    images = _images_of(runner)
     sharding = serving_fixes.embedding_sharding(runner.mesh)
 
     def encoder_output(place_shape: dict[str, Any]):
@@ -92,10 +92,16 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
         run(PLACE_ENCODER_ROWS, place, shape["num_tokens"], shape, **shape)
 
 
-def _is_gemma4(runner) -> bool:
-    from aotc.runners.tpu_inference import gemma4_vision
+def _images_of(runner):
+    """The encoder outputs of the runner's architecture, by the plan's shapes."""
+    from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
 
-    return gemma4_vision.ARCHITECTURE in (runner.model_config.hf_config.architectures or [])
+    architectures = runner.model_config.hf_config.architectures or []
+    if gemma4_vision.ARCHITECTURE in architectures:
+        return _Gemma4Images(runner)
+    if llama_guard_4.ARCHITECTURE in architectures:
+        return _LlamaGuard4Images(runner)
+    return _QwenImages(runner)
 
 
 class _QwenImages:
@@ -149,6 +155,34 @@ class _Gemma4Images:
 
     def output_of(self, place_shape: dict[str, Any]):
         return self.encode(place_shape["encoder_rows"])
+
+
+class _LlamaGuard4Images:
+    """Llama Guard 4's encoder outputs, by tile count: an image's tiles as its processor hands them over
+    (bfloat16 NCHW pixels, the count in patches_per_image), tokens_per_tile rows a tile out."""
+
+    def __init__(self, runner):
+        self.runner, self.vision, self.encoded = runner, runner.model_config.hf_config.vision_config, {}
+
+    def encode(self, tiles: int):
+        import torch
+
+        if tiles not in self.encoded:
+            side = self.vision.image_size
+            [rows] = self.runner.embed_multimodal_fn(
+                self.runner.state_leaves, modality="image",
+                pixel_values=torch.zeros((tiles, self.vision.num_channels, side, side), dtype=torch.bfloat16),
+                patches_per_image=torch.tensor([tiles]))
+            self.encoded[tiles] = rows
+        return self.encoded[tiles]
+
+    def encoder(self, shape: dict[str, Any]):
+        return self.encode(shape["image_tiles"])
+
+    def output_of(self, place_shape: dict[str, Any]):
+        from aotc.runners.tpu_inference.llama_guard_4 import tokens_per_tile
+
+        return self.encode(place_shape["encoder_rows"] // tokens_per_tile(self.runner.model_config.hf_config.to_dict()))
 
 
 def _encode_image(runner, vision, grid: list[int]):

@@ -9,7 +9,7 @@ Covered: a text-only model; speculative decoding (ngram, eagle3, mtp, dflash: th
 (`total_dp_size`: every request and token bucket scales with it); async scheduling on or off; a vision-language model
 tpu-inference runs natively (Qwen2.5-VL: its vision encoder, the input-embeddings merger and the backbone over
 input embeddings; Gemma 4: the same without a warm-up encoder, and its encoder per soft-token budget beyond it,
-gemma4_vision). Not covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
+gemma4_vision; Llama Guard 4: its encoder per tile count, llama_guard_4). Not covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import json
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
-from aotc.runners.multimodal import is_multimodal
+from aotc.runners.multimodal import image_step_graphs, is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
-from aotc.runners.tpu_inference import gemma4_vision
+from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -32,7 +32,8 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
 # Vision-language architectures whose JAX model (tpu_inference/models/jax) the plan follows.
-PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration", gemma4_vision.ARCHITECTURE})
+PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration", gemma4_vision.ARCHITECTURE,
+                                              llama_guard_4.ARCHITECTURE})
 # Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
 # async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
 # dspark, dflash). Any other method (ngram) turns it off. tests/tpu_inference pins this to vLLM's own types.
@@ -178,6 +179,8 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
                          "speculative decoding or data parallelism")
     if gemma4_vision.is_gemma4_vision(hf_config):
         gemma4_vision.check(entry)
+    if llama_guard_4.is_llama_guard_4(hf_config):
+        llama_guard_4.check(entry, hf_config)
 
 
 def additional_config(entry: Entry) -> dict:
@@ -281,6 +284,8 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
         return ()
     if gemma4_vision.is_gemma4_vision(hf_config):
         return gemma4_vision.traffic_images(entry, hf_config)
+    if llama_guard_4.is_llama_guard_4(hf_config):
+        return llama_guard_4.traffic_images(entry, hf_config)
     vision = hf_config["vision_config"]
     factor = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
     extra = additional_config(entry)
@@ -304,14 +309,17 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
     and without image embeddings; the backbone over input embeddings at every token bucket (its num_reqs is the
     last attention request bucket: _precompile_backbone_with_inputs_embeds calls the helper after that loop);
     then what a step with images runs beyond the warm-up, per architecture."""
-    gemma4 = gemma4_vision.is_gemma4_vision(hf_config)
-    graphs = [] if gemma4 else vision_encoder_graphs(entry, hf_config)
+    gemma4, llama_guard = gemma4_vision.is_gemma4_vision(hf_config), llama_guard_4.is_llama_guard_4(hf_config)
+    graphs = ([] if gemma4 else llama_guard_4.warmup_graphs(entry) if llama_guard
+              else vision_encoder_graphs(entry, hf_config))
     for t in p["tokens"]:
         graphs += [GraphSpec.of("input_embeddings_merger", num_tokens=t),
                    GraphSpec.of("input_embeddings_merger_text_only", num_tokens=t)]
     graphs += [GraphSpec.of("backbone_with_embeds", num_tokens=t, num_reqs=p["attn_reqs"][-1]) for t in p["tokens"]]
     if gemma4:
         return graphs + gemma4_vision.step_graphs(entry, hf_config, p["tokens"])
+    if llama_guard:
+        return graphs + llama_guard_4.step_graphs(entry, hf_config, p["tokens"])
     return graphs + multimodal_step_graphs(entry, hf_config, p)
 
 
@@ -349,10 +357,7 @@ def multimodal_step_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]
         outputs = [{"encoder_rows": g.shape_dict["num_patches"] // unit} for g in encoders]
     else:
         outputs = [{"image_grid": g} for g in grids]
-    for t in p["tokens"]:
-        graphs += [GraphSpec.of("multimodal_mask", True, num_tokens=t), GraphSpec.of("empty_embedding_rows", True, num_tokens=t)]
-        graphs += [GraphSpec.of("place_encoder_rows", True, num_tokens=t, **output) for output in outputs]
-    return graphs
+    return graphs + image_step_graphs(p["tokens"], outputs)
 
 
 def _pairs(outer: list[int], inner: list[int]) -> list[tuple[int, int]]:

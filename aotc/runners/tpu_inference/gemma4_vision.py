@@ -15,6 +15,7 @@ import json
 
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
+from aotc.runners.multimodal import image_step_graphs
 
 ARCHITECTURE = "Gemma4ForConditionalGeneration"
 # transformers' Gemma4ImageProcessor._SUPPORTED_SOFT_TOKENS (vLLM's processor refuses any other value)
@@ -69,11 +70,8 @@ def step_graphs(entry: Entry, hf_config: dict, tokens: list[int]) -> list[GraphS
     batch it hands back); per token bucket the step's placeholder mask, its empty embedding buffer and, per
     budget, the copy of an image's encoder rows (aotc's serving fixes)."""
     budgets = soft_token_budgets(entry, hf_config)
-    graphs = [GraphSpec.of("image_encoder", True, soft_tokens=n) for n in budgets]
-    for t in tokens:
-        graphs += [GraphSpec.of("multimodal_mask", True, num_tokens=t), GraphSpec.of("empty_embedding_rows", True, num_tokens=t)]
-        graphs += [GraphSpec.of("place_encoder_rows", True, num_tokens=t, encoder_rows=n) for n in budgets]
-    return graphs
+    encoders = [GraphSpec.of("image_encoder", True, soft_tokens=n) for n in budgets]
+    return encoders + image_step_graphs(tokens, [{"encoder_rows": n} for n in budgets])
 
 
 def traffic_images(entry: Entry, hf_config: dict) -> tuple[tuple[int, int, int], ...]:

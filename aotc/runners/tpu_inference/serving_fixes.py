@@ -30,6 +30,11 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
   lifted to the device whole and sliced per image there (eager slices keyed by how many images share the
   batch), and a batch whose images were processed at different soft-token budgets (vLLM hands over a list)
   fails. The fix keeps them on the host and encodes each image alone, as the stack does with one image.
+* Llama Guard 4 (tpu-inference's JAX LlamaGuard4ForCausalLM): embed_multimodal lifts a batch's tiles to the
+  device, transposes them and runs the vision tower and projector as eager ops over all of them, then flattens
+  and splits the output per image: compiles keyed by how many tiles the batch holds and how they split. The fix
+  keeps the tiles on the host and runs each image's tiles through the stack's own jitted tower
+  (_compute_vision_features_jit): one graph per tile count, its output whole (TiledEncoderRows).
 * The vision warm-up (precompile_vision_encoder) makes its dummy pixels with vLLM's torch dtype, which jnp
   refuses at start-up; it runs with the JAX dtype the model was built with.
 """
@@ -44,6 +49,7 @@ from typing import Any
 
 QWEN2_5_VL = "tpu_inference.models.jax.qwen2_5_vl"
 GEMMA4_MM = "tpu_inference.models.jax.gemma4_mm"
+LLAMA_GUARD_4 = "tpu_inference.models.jax.llama_guard_4"
 MULTIMODAL_MANAGER = "tpu_inference.runner.multimodal_manager"
 INSTALLED = "_aotc_serving_fix"
 
@@ -53,27 +59,37 @@ def install() -> None:
 
     when_imported(QWEN2_5_VL, _fix_qwen2_5_vl)
     when_imported(GEMMA4_MM, _fix_gemma4)
+    when_imported(LLAMA_GUARD_4, _fix_llama_guard_4)
     when_imported(MULTIMODAL_MANAGER, _fix_multimodal_manager)
 
 
 def _fix_qwen2_5_vl(module) -> None:
-    model = module.Qwen2_5_VLForConditionalGeneration
-    if getattr(model, INSTALLED, False):
-        return
-    model.get_mrope_input_positions = host_mrope_input_positions
-    model._parse_and_validate_image_input = _pixels_on_host(model._parse_and_validate_image_input)
-    model._process_image_input = _each_image_alone(model._process_image_input)
-    model.precompile_vision_encoder = _warm_up_in_the_models_dtype(model.precompile_vision_encoder)
-    setattr(model, INSTALLED, True)
+    _wrap_once(module.Qwen2_5_VLForConditionalGeneration,
+               get_mrope_input_positions=lambda _: host_mrope_input_positions,
+               _parse_and_validate_image_input=_pixels_on_host, _process_image_input=_each_image_alone,
+               precompile_vision_encoder=_warm_up_in_the_models_dtype)
 
 
 def _fix_gemma4(module) -> None:
-    model = module.Gemma4ForConditionalGeneration
-    if getattr(model, INSTALLED, False):
+    _wrap_once(module.Gemma4ForConditionalGeneration, _parse_and_validate_image_input=_gemma4_pixels_on_host,
+               _process_image_input=_each_image_alone_on_host)
+
+
+def _fix_llama_guard_4(module) -> None:
+    _wrap_once(module.LlamaGuard4ForCausalLM, embed_multimodal=_each_image_by_its_tiles)
+
+
+def _fix_multimodal_manager(module) -> None:
+    _wrap_once(module.MultiModalManager, gather_mm_embeddings=_into_one_buffer)
+
+
+def _wrap_once(owner, **wrappers) -> None:
+    """Each ``owner.name`` becomes ``wrappers[name](owner.name)``, once however often the fixes are installed."""
+    if getattr(owner, INSTALLED, False):
         return
-    model._parse_and_validate_image_input = _gemma4_pixels_on_host(model._parse_and_validate_image_input)
-    model._process_image_input = _each_image_alone_on_host(model._process_image_input)
-    setattr(model, INSTALLED, True)
+    for name, wrap in wrappers.items():
+        setattr(owner, name, wrap(getattr(owner, name)))
+    setattr(owner, INSTALLED, True)
 
 
 @contextlib.contextmanager
@@ -103,14 +119,6 @@ def _warm_up_in_the_models_dtype(precompile):
             return precompile(model, *args, **kwargs)
 
     return precompile_in_the_models_dtype
-
-
-def _fix_multimodal_manager(module) -> None:
-    manager = module.MultiModalManager
-    if getattr(manager, INSTALLED, False):
-        return
-    manager.gather_mm_embeddings = _into_one_buffer(manager.gather_mm_embeddings)
-    setattr(manager, INSTALLED, True)
 
 
 # --- Gemma 4 encoder inputs ------------------------------------------------------------------------------
@@ -153,6 +161,55 @@ def _each_image_alone_on_host(process):
         return [rows for pixels, positions in zip(image_input["pixel_values"], image_input["pixel_position_ids"])
                 for rows in process(model, {**image_input, "pixel_values": pixels[None],
                                             "pixel_position_ids": positions[None]})]
+
+    return encode_each_image
+
+
+# --- Llama Guard 4 tiles -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TiledEncoderRows:
+    """An image's encoder output as the stack's jitted tower returns it, (tiles, tokens_per_tile, width): its
+    rows are the tiles' tokens in order (the stack's reshape(-1, width), done inside place_encoder_rows)."""
+
+    array: Any
+
+    ndim = 2  # an embedding as the runner's sanity check sees it: (rows, width)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        tiles, tokens, width = self.array.shape
+        return (tiles * tokens, width)
+
+
+def host_tiles(values):
+    """A batch's tiles as one NHWC bfloat16 host array (the stack's conversion and NCHW -> NHWC transpose)."""
+    import numpy as np
+
+    tiles = np.concatenate(host_pixels(values), axis=0) if isinstance(values, (list, tuple)) else host_pixels(values)[0]
+    return tiles.transpose(0, 2, 3, 1) if tiles.ndim == 4 and tiles.shape[1] == 3 else tiles
+
+
+def tile_counts(patches_per_image) -> list[int]:
+    """embed_multimodal's tile count per image (a tensor, a list, or a list of lists)."""
+    counts = patches_per_image.tolist() if hasattr(patches_per_image, "tolist") else list(patches_per_image)
+    return [int(n) for c in counts for n in (c if isinstance(c, list) else [c])]
+
+
+def _each_image_by_its_tiles(embed):
+    @functools.wraps(embed)
+    def encode_each_image(model, **kwargs):
+        import jax
+
+        if kwargs.get("pixel_values") is None or kwargs.get("patches_per_image") is None:
+            return embed(model, **kwargs)
+        tiles, outputs, start = host_tiles(kwargs["pixel_values"]), [], 0
+        for count in tile_counts(kwargs["patches_per_image"]):
+            image = jax.device_put(tiles[start:start + count])
+            outputs.append(TiledEncoderRows(model._compute_vision_features_jit(image)))
+            start += count
+        return outputs
 
     return encode_each_image
 
@@ -358,6 +415,8 @@ class EncoderRows:
     def of(cls, output) -> EncoderRows:
         if isinstance(output, PaddedEncoderRows):
             return cls(output.array, output.count)
+        if isinstance(output, TiledEncoderRows):
+            return cls(output.array, output.shape[0])
         return cls(output, output.shape[0])
 
     def __getitem__(self, rows: slice) -> RowRange:
@@ -427,6 +486,7 @@ def _jitted():
 
     @functools.partial(jax.jit, static_argnums=(5,))
     def place_encoder_rows(buffer, encoder_rows, src_start, dst_start, count, sharding):
+        encoder_rows = encoder_rows.reshape(-1, encoder_rows.shape[-1])  # a tiled output's tiles, in order
         index = jnp.arange(buffer.shape[0])
         source = jnp.clip(index - dst_start + src_start, 0, encoder_rows.shape[0] - 1)
         inside = (index >= dst_start) & (index < dst_start + count)
