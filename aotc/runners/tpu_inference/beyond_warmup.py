@@ -162,7 +162,10 @@ class _LlamaGuard4Images:
     (bfloat16 NCHW pixels, the count in patches_per_image), tokens_per_tile rows a tile out."""
 
     def __init__(self, runner):
+        from aotc.runners.tpu_inference.llama_guard_4 import tokens_per_tile
+
         self.runner, self.vision, self.encoded = runner, runner.model_config.hf_config.vision_config, {}
+        self.per_tile = tokens_per_tile(runner.model_config.hf_config.to_dict())
 
     def encode(self, tiles: int):
         import torch
@@ -180,9 +183,7 @@ class _LlamaGuard4Images:
         return self.encode(shape["image_tiles"])
 
     def output_of(self, place_shape: dict[str, Any]):
-        from aotc.runners.tpu_inference.llama_guard_4 import tokens_per_tile
-
-        return self.encode(place_shape["encoder_rows"] // tokens_per_tile(self.runner.model_config.hf_config.to_dict()))
+        return self.encode(place_shape["encoder_rows"] // self.per_tile)
 
 
 def _encode_image(runner, vision, grid: list[int]):

@@ -9,7 +9,8 @@ Covered: a text-only model; speculative decoding (ngram, eagle3, mtp, dflash: th
 (`total_dp_size`: every request and token bucket scales with it); async scheduling on or off; a vision-language model
 tpu-inference runs natively (Qwen2.5-VL: its vision encoder, the input-embeddings merger and the backbone over
 input embeddings; Gemma 4: the same without a warm-up encoder, and its encoder per soft-token budget beyond it,
-gemma4_vision; Llama Guard 4: its encoder per tile count, llama_guard_4). Not covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
+gemma4_vision; Llama Guard 4: its encoder per tile count, llama_guard_4). Not covered: prefill context
+parallelism, disaggregation, continue-decode, multi-process data parallelism.
 """
 
 from __future__ import annotations

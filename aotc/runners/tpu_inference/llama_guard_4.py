@@ -33,10 +33,14 @@ def is_llama_guard_4(hf_config: dict | None) -> bool:
     return ARCHITECTURE in ((hf_config or {}).get("architectures") or [])
 
 
+def warmup_shapes(entry: Entry) -> list:
+    """additional_config.vision_warmup_config.image_shapes, [height, width] each ([] unset)."""
+    return (entry.engine_mapping("additional_config").get("vision_warmup_config") or {}).get("image_shapes") or []
+
+
 def check(entry: Entry, hf_config: dict) -> None:
     tile = hf_config["vision_config"]["image_size"]
-    shapes = (entry.engine_mapping("additional_config").get("vision_warmup_config") or {}).get("image_shapes") or []
-    if any(list(shape) != [tile, tile] for shape in shapes):
+    if any(list(shape) != [tile, tile] for shape in warmup_shapes(entry)):
         raise ValueError(f"{entry.name}: Llama Guard 4's vision warm-up (precompile_vision_encoder) runs one image "
                          f"of each vision_warmup_config shape through a tower sized for {tile} x {tile} tiles; "
                          f"give [{tile}, {tile}] or leave it out (aotc compiles the encoder per tile count)")
@@ -72,8 +76,7 @@ def prompt_tokens(tiles: int, per_tile: int) -> int:
 
 def warmup_graphs(entry: Entry) -> list[GraphSpec]:
     """precompile_vision_encoder: the stack's jitted tower at one tile, named without a shape (as it logs it)."""
-    shapes = (entry.engine_mapping("additional_config").get("vision_warmup_config") or {}).get("image_shapes")
-    return [GraphSpec.of("vision_encoder_projector")] if shapes else []
+    return [GraphSpec.of("vision_encoder_projector")] if warmup_shapes(entry) else []
 
 
 def step_graphs(entry: Entry, hf_config: dict, tokens: list[int]) -> list[GraphSpec]:
