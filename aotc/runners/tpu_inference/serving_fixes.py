@@ -25,7 +25,7 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
 * Images of any size (enable_dynamic_image_sizes): the padded encoder's inputs (window index, rotary table,
   sequence bounds, padded to the patch bucket) are built with eager ops shaped by the image, and its output
   sliced to the image's rows. The fix builds them in NumPy and keeps the padded output whole with its row
-  count (PaddedEncoderRows), so place_encoder_rows is keyed by the patch bucket, not the image.
+  count (WholeEncoderOutput), so place_encoder_rows is keyed by the patch bucket, not the image.
 * Gemma 4 (tpu-inference's JAX Gemma4ForConditionalGeneration): an encoder batch's pixels and positions are
   lifted to the device whole and sliced per image there (eager slices keyed by how many images share the
   batch), and a batch whose images were processed at different soft-token budgets (vLLM hands over a list)
@@ -34,7 +34,7 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
   device, transposes them and runs the vision tower and projector as eager ops over all of them, then flattens
   and splits the output per image: compiles keyed by how many tiles the batch holds and how they split. The fix
   keeps the tiles on the host and runs each image's tiles through the stack's own jitted tower
-  (_compute_vision_features_jit): one graph per tile count, its output whole (TiledEncoderRows).
+  (_compute_vision_features_jit): one graph per tile count, its output whole (WholeEncoderOutput).
 * The vision warm-up (precompile_vision_encoder) makes its dummy pixels with vLLM's torch dtype, which jnp
   refuses at start-up; it runs with the JAX dtype the model was built with.
 """
@@ -165,22 +165,27 @@ def _each_image_alone_on_host(process):
     return encode_each_image
 
 
-# --- Llama Guard 4 tiles -------------------------------------------------------------------------------
+# --- encoder outputs kept whole ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class TiledEncoderRows:
-    """An image's encoder output as the stack's jitted tower returns it, (tiles, tokens_per_tile, width): its
-    rows are the tiles' tokens in order (the stack's reshape(-1, width), done inside place_encoder_rows)."""
+class WholeEncoderOutput:
+    """An image's encoder output as a jitted encoder returns it, not sliced on the device: padded to its patch
+    bucket (Qwen2.5-VL with dynamic sizes) or one row of tokens a tile, (tiles, tokens_per_tile, width) (Llama
+    Guard 4). Flattened to (rows, width), as place_encoder_rows does inside its jit, the first `count` rows are
+    the image's."""
 
     array: Any
+    count: int
 
-    ndim = 2  # an embedding as the runner's sanity check sees it: (rows, width)
+    ndim = 2  # an embedding as the runner's sanity check sees it: (count, width)
 
     @property
     def shape(self) -> tuple[int, int]:
-        tiles, tokens, width = self.array.shape
-        return (tiles * tokens, width)
+        return (self.count, self.array.shape[-1])
+
+
+# --- Llama Guard 4 tiles -------------------------------------------------------------------------------
 
 
 def host_tiles(values):
@@ -207,7 +212,8 @@ def _each_image_by_its_tiles(embed):
         tiles, outputs, start = host_tiles(kwargs["pixel_values"]), [], 0
         for count in tile_counts(kwargs["patches_per_image"]):
             image = jax.device_put(tiles[start:start + count])
-            outputs.append(TiledEncoderRows(model._compute_vision_features_jit(image)))
+            features = model._compute_vision_features_jit(image)  # (tiles, tokens_per_tile, width)
+            outputs.append(WholeEncoderOutput(features, features.shape[0] * features.shape[1]))
             start += count
         return outputs
 
@@ -289,26 +295,12 @@ def _each_image_alone(process):
 # held equal to the stack's code) and keeps the padded output whole, with the count of the image's rows.
 
 
-@dataclass(frozen=True)
-class PaddedEncoderRows:
-    """An image's encoder output padded to its patch count's bucket; the first `count` rows are the image's."""
-
-    array: Any
-    count: int
-
-    ndim = 2  # an embedding as the runner's sanity check sees it: (count, width)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.count, self.array.shape[-1])
-
-
-def padded_image_embedding(visual, pixels, grid) -> PaddedEncoderRows:
+def padded_image_embedding(visual, pixels, grid) -> WholeEncoderOutput:
     """Qwen2_5_VisionTransformer.__call__ with enable_dynamic_image_sizes, its eager steps on the host."""
     import jax
 
     inputs, count = host_padded_encoder_inputs(visual, pixels, (tuple(int(side) for side in grid),))
-    return PaddedEncoderRows(visual.encode_padded_jit(*(jax.device_put(a) for a in inputs)), count)
+    return WholeEncoderOutput(visual.encode_padded_jit(*(jax.device_put(a) for a in inputs)), count)
 
 
 def host_padded_encoder_inputs(visual, pixels, grid_thw) -> tuple[tuple, int]:
@@ -413,10 +405,8 @@ class EncoderRows:
 
     @classmethod
     def of(cls, output) -> EncoderRows:
-        if isinstance(output, PaddedEncoderRows):
+        if isinstance(output, WholeEncoderOutput):
             return cls(output.array, output.count)
-        if isinstance(output, TiledEncoderRows):
-            return cls(output.array, output.shape[0])
         return cls(output, output.shape[0])
 
     def __getitem__(self, rows: slice) -> RowRange:
