@@ -55,7 +55,14 @@ def architecture(multimodal: dict | None) -> str | None:
 
 def vision_encoder_precompile(multimodal: dict, vllm_config: SimpleNamespace):
     """The model's own precompile_vision_encoder (Qwen2.5-VL's, Gemma 4's or Llama Guard 4's) bound to a stand-in
-    model that carries its configs."""
+    model that carries its configs; for LLaVA, vLLM's model on the torchax path, what tpu-inference's
+    VllmModelWrapper hands the runner (maybe_precompile_vision_encoder_fn: None, no encoder warm-up)."""
+    if architecture(multimodal) == "LlavaForConditionalGeneration":
+        from tpu_inference.models.vllm.experimental.vision_tower_jit import maybe_precompile_vision_encoder_fn
+        from vllm.model_executor.models.llava import LlavaForConditionalGeneration
+
+        model = LlavaForConditionalGeneration.__new__(LlavaForConditionalGeneration)  # its class is what is read
+        return maybe_precompile_vision_encoder_fn(None, lambda *args, **kwargs: None, model, vllm_config)
     if architecture(multimodal) == "Gemma4ForConditionalGeneration":
         from tpu_inference.models.jax.gemma4_mm import Gemma4ForConditionalGeneration
 

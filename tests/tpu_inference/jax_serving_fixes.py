@@ -248,15 +248,23 @@ def random_step(rng):
     return rows, requests, scheduled, cache
 
 
+def gather_call(rng, mesh):
+    """A random step (random_step) as gather_mm_embeddings is called on it: rows, scheduled, encoder cache, the
+    manager (its runner a JAX model's: no embed_input_ids_fn marked to keep its pieces) and the call's arguments."""
+    rows, requests, scheduled, cache = random_step(rng)
+    manager = SimpleNamespace(runner=SimpleNamespace(requests=requests, encoder_cache=cache, mesh=mesh,
+                                                     embed_input_ids_fn=None))
+    output, ids = SimpleNamespace(num_scheduled_tokens=scheduled), {0: list(scheduled)}
+    return rows, scheduled, cache, manager, (output, rows, ids, rows)
+
+
 def check_gather(rng, cases, fixes, gather, flatten_pad) -> tuple[list, int]:
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)  # as the runner's
     ours_gather, mismatches, pieces = fixes._into_one_buffer(gather), [], 0
     for case in range(cases):
-        rows, requests, scheduled, cache = random_step(rng)
-        manager = SimpleNamespace(runner=SimpleNamespace(requests=requests, encoder_cache=cache, mesh=mesh))
-        output, ids = SimpleNamespace(num_scheduled_tokens=scheduled), {0: list(scheduled)}
-        their_pieces, their_mask = gather(manager, output, rows, ids, rows)
-        ours, mask = ours_gather(manager, output, rows, ids, rows)
+        rows, scheduled, cache, manager, args = gather_call(rng, mesh)
+        their_pieces, their_mask = gather(manager, *args)
+        ours, mask = ours_gather(manager, *args)
         if their_pieces is None:
             same = ours is None and mask is None
         else:
@@ -268,6 +276,94 @@ def check_gather(rng, cases, fixes, gather, flatten_pad) -> tuple[list, int]:
         if not same or manager.runner.encoder_cache is not cache:
             mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
     return mismatches, pieces
+
+
+def to_torch(array) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(array, np.float32))
+
+
+def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
+    """Steps of random prefill chunks through prompts with images (random_step): vLLM's own
+    _merge_multimodal_embeddings over the pieces the stack's gather_mm_embeddings cuts equals, row for row,
+    merge_rows_in_order over the same pieces and, traced by jax.jit under torchax as the fix runs it, over the
+    one buffer of the fix's gather; and vLLM's merge refuses that buffer (why the fix leaves other vLLM models
+    their pieces)."""
+    import torchax
+    from torchax.interop import jax_view, torch_view
+    from vllm.model_executor.models.utils import _merge_multimodal_embeddings as vllms_merge
+
+    @jax.jit
+    def merged_in_jit(embeds, buffer, mask):
+        with torchax.default_env():
+            return jax_view(fixes.merge_rows_in_order(torch_view(embeds), [torch_view(buffer)], torch_view(mask)))
+
+    mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    ours_gather, mismatches, refused = fixes._into_one_buffer(gather), [], 0
+    for case in range(cases):
+        rows, scheduled, _, manager, args = gather_call(rng, mesh)
+        pieces, mask = gather(manager, *args)
+        if pieces is None:
+            continue
+        [buffer], _ = ours_gather(manager, *args)
+        embeds, torch_mask = torch.randn(rows, WIDTH), torch.from_numpy(np.asarray(mask))
+        theirs = vllms_merge(embeds.clone(), [to_torch(p) for p in pieces], torch_mask)
+        in_order = fixes.merge_rows_in_order(embeds.clone(), [to_torch(p) for p in pieces], torch_mask)
+        in_jit = np.asarray(merged_in_jit(jnp.asarray(embeds.numpy()), buffer.astype(jnp.float32), mask))
+        if not (torch.equal(theirs, in_order) and np.array_equal(theirs.numpy(), in_jit)):
+            mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
+        if int(torch_mask.sum()) < rows:
+            try:
+                vllms_merge(embeds.clone(), [to_torch(buffer)], torch_mask)
+            except ValueError:
+                refused += 1
+    return mismatches, refused
+
+
+class LlavaForConditionalGeneration:
+    """A stand-in vLLM model: its class name and tower type are what the fixes read."""
+
+    config = SimpleNamespace(vision_config=SimpleNamespace(model_type="clip_vision_model"))
+
+
+def batch_tower(params_and_buffers, modality=None, **kwargs):
+    """The stack's embed_multimodal_fn on the torchax path, stood in: each image's rows (2 x 2 pixels, 2 rows of 6)
+    depend on its own pixels alone, the batch's embeddings one (images, tokens, width) array."""
+    pixels = kwargs["pixel_values"]
+    pixels = torch.stack(list(pixels)) if isinstance(pixels, list) else pixels
+    return jnp.asarray(pixels.float().numpy()).reshape(pixels.shape[0], 2, 6) * 2 + 1
+
+
+def check_torchax_images(rng, cases, fixes) -> list:
+    """Encoder batches of one to four LLaVA images (one tensor, or a list of images): each image alone through the
+    tower gives the rows the stack's batch gives it, as a (tokens, width) output to the runner; a vLLM model
+    the fixes do not jit keeps the stack's functions (its embed_input_ids marked to keep its pieces)."""
+    llava = SimpleNamespace(model=SimpleNamespace(vllm_model=LlavaForConditionalGeneration()))
+    other = SimpleNamespace(model=SimpleNamespace(vllm_model=SimpleNamespace(config=llava.model.vllm_model.config)))
+    encode = fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(llava)
+    mismatches = []
+    for case in range(cases):
+        count = rng.randint(1, 4)
+        pixels = torch.randn(count, 3, 2, 2).to(torch.bfloat16)
+        sent = list(pixels) if case % 2 else pixels
+        theirs, ours = batch_tower(None, modality="image", pixel_values=pixels), encode(None, modality="image",
+                                                                                        pixel_values=sent)
+        if not (len(ours) == count and all(
+                isinstance(o, fixes.WholeEncoderOutput) and o.shape == t.shape and o.ndim == 2
+                and np.array_equal(np.asarray(o.array).reshape(o.shape), np.asarray(t)) for o, t in zip(ours, theirs))):
+            mismatches.append({"case": case, "images": count})
+
+    def stock_embed(*args, **kwargs):
+        return None
+
+    kept = (fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(other) is batch_tower
+            and fixes._merged_in_one_jit(lambda wrapper: stock_embed)(other) is stock_embed
+            and getattr(stock_embed, fixes.TAKES_ONE_BUFFER) is False
+            and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, other.model.vllm_model) == "stack's"
+            and hasattr(fixes._jit_planned_towers(lambda fn, model: None)(batch_tower, llava.model.vllm_model), "lower")
+            and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(llava), "lower"))
+    if not kept:
+        mismatches.append({"case": "which models the fixes jit"})
+    return mismatches
 
 
 def main() -> None:
@@ -296,6 +392,11 @@ def main() -> None:
 
     guard_embed = llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal
     llama_guard_4_images = check_llama_guard_4_images(rng, request["padded_cases"], serving_fixes, llama_guard_4)
+    torchax_merge, refused = check_torchax_merge(rng, cases, serving_fixes, gather)
+    torchax_images = check_torchax_images(rng, request["padded_cases"], serving_fixes)
+    from tpu_inference.models.vllm import vllm_model_wrapper
+
+    wrapper_embed = vllm_model_wrapper.VllmModelWrapper.wrap_embed_input_ids_func
     serving_fixes.install()
     serving_fixes.install()  # twice: still one layer of fixes
     patched = (stack.get_mrope_input_positions is serving_fixes.host_mrope_input_positions
@@ -303,10 +404,12 @@ def main() -> None:
                and multimodal_manager.MultiModalManager.gather_mm_embeddings.__wrapped__ is gather
                and gemma4_mm.Gemma4ForConditionalGeneration._process_image_input.__wrapped__
                is gemma4_originals["_process_image_input"]
-               and llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal.__wrapped__ is guard_embed)
+               and llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal.__wrapped__ is guard_embed
+               and vllm_model_wrapper.VllmModelWrapper.wrap_embed_input_ids_func.__wrapped__ is wrapper_embed)
     print(json.dumps({"cases": cases, "mrope": mrope, "images": images, "gather": gathered, "gathered_pieces": pieces,
                       "padded_images": padded, "gemma4_images": gemma4_images,
-                      "llama_guard_4_images": llama_guard_4_images, "patch_buckets": patch_buckets, "host_types": sorted(types),
+                      "llama_guard_4_images": llama_guard_4_images, "torchax_merge": torchax_merge,
+                      "one_buffer_refused": refused, "torchax_images": torchax_images, "patch_buckets": patch_buckets, "host_types": sorted(types),
                       "patched": patched}))
 
 

@@ -4,7 +4,8 @@ embeddings, tests/tpu_inference/test_plan_jax.py tying them to tpu-inference's o
 warm-up what a step with image embeddings runs under aotc's serving fixes), then a fresh server's verify under
 text and image traffic finds every graph in the artifact, and the stock server under chat requests with images
 compiles nothing after ready; with images by grid, with images of any size (enable_dynamic_image_sizes), on
-Gemma 4 (its encoder per soft-token budget) and on Llama Guard 4 (its encoder per tile count). One build of the
+Gemma 4 (its encoder per soft-token budget), on Llama Guard 4 (its encoder per tile count) and on LLaVA through
+tpu-inference's torchax path (vLLM's model, its tower and input embedding jitted by the fixes). One build of the
 matrix, shared.
 
 Zero depends on the serving fixes (aotc/runners/tpu_inference/serving_fixes.py, held equal to the stack's code by
@@ -30,8 +31,8 @@ from tests.conftest import run_aotc
 from .conftest import REPO, run_jax
 
 CONFIG = REPO / "configs" / "multimodal-jax.yaml"
-# Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4; Llama Guard 4
-ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4 = load_matrix(CONFIG).entries
+# Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4; Llama Guard 4; LLaVA
+ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA = load_matrix(CONFIG).entries
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
@@ -229,8 +230,27 @@ def test_llama_guard_4_tile_counts_are_vllms_own(processors):
     assert theirs["most_tokens"] == max(tiles) * per_tile
 
 
+def test_llava_plans_its_one_size_tower_and_the_image_step_per_token_bucket():
+    """LLaVA through torchax: no encoder warm-up; beyond it the tower at the processor's one size, and per token
+    bucket the image step's families, an image's output being image_tokens rows (vLLM's own count:
+    tests/vllm_tpu/test_multimodal.py)."""
+    from aotc.runners import llava
+
+    config = hf_config(LLAVA)
+    plan = plan_entry(LLAVA)
+    tokens = plan.buckets["token_paddings"]
+    beyond = {g.key for g in plan.graphs if g.beyond_warmup}
+    side = config["vision_config"]["image_size"]
+    expected = {GraphSpec.of("image_encoder", True, image_shape=f"{side}x{side}").key}
+    for t in tokens:
+        expected |= {GraphSpec.of(family, True, num_tokens=t).key for family in ("multimodal_mask", "empty_embedding_rows")}
+        expected.add(GraphSpec.of("place_encoder_rows", True, num_tokens=t, encoder_rows=llava.image_tokens(config)).key)
+    assert beyond == expected
+    assert not set(plan.families()) & {"vision_encoder", "vision_encoder_padded"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA], ids=lambda e: e.name)
 def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry):
     artifact, report, _ = built[entry.name]
     expected = plan_entry(entry)
@@ -242,7 +262,8 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,)), (LLAMA_GUARD_4, (1,))],
+@pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,)), (LLAMA_GUARD_4, (1,)),
+                                           (LLAVA, (1,))],
                          ids=lambda e: getattr(e, "name", ""))
 def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce, entry, seeds):
     """Every planned graph loads from the artifact and a fresh server compiles nothing under text and image
@@ -257,7 +278,7 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA], ids=lambda e: e.name)
 def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is

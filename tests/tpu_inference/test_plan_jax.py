@@ -232,10 +232,12 @@ def multimodal_sweep() -> list[dict]:
     # Llama Guard 4: its warm-up compiles the tower at one tile for each (tile-sized) warm-up shape, else nothing
     cases += [{"seqs": 8, "tokens": 64, "extra": extra, "mm_kwargs": None, "entry": LLAMA_GUARD_4}
               for extra in ({}, {"vision_warmup_config": {"image_shapes": [[56, 56]]}})]
+    # LLaVA through torchax: no encoder warm-up (the stack jits no LLaVA tower), the merger per token bucket
+    cases += [{"seqs": 8, "tokens": 64, "extra": {}, "mm_kwargs": None, "entry": LLAVA}]
     return cases
 
 
-GEMMA4, LLAMA_GUARD_4 = 2, 3  # configs/multimodal-jax.yaml's gemma4-vision and llama-guard-4
+GEMMA4, LLAMA_GUARD_4, LLAVA = 2, 3, 4  # configs/multimodal-jax.yaml's gemma4-vision, llama-guard-4 and llava
 
 
 def multimodal_entry(case: dict):
@@ -286,8 +288,21 @@ def test_plan_refuses_multimodal_architectures_it_does_not_follow():
     from aotc.matrix import hf_config
 
     entry = load_matrix(MULTIMODAL).entries[0]
-    config = {**hf_config(entry), "architectures": ["LlavaForConditionalGeneration"]}
+    config = {**hf_config(entry), "architectures": ["Qwen2VLForConditionalGeneration"]}
     with pytest.raises(ValueError, match="multimodal architectures"):
+        buckets.capture_plan(entry, config)
+
+
+@pytest.mark.parametrize("impl, tower, reason", [("flax_nnx", "clip_vision_model", "has no JAX"),
+                                                 ("auto", "pixtral", "Pixtral")])
+def test_plan_refuses_llava_where_the_stack_has_no_model_or_its_images_have_no_one_size(impl, tower, reason):
+    from aotc.matrix import hf_config
+
+    base = load_matrix(MULTIMODAL).entries[LLAVA]
+    entry = type(base)(**{**base.to_dict(), "env": {**base.env, "MODEL_IMPL_TYPE": impl}})
+    config = hf_config(entry)
+    config = {**config, "vision_config": {**config["vision_config"], "model_type": tower}}
+    with pytest.raises(ValueError, match=reason):
         buckets.capture_plan(entry, config)
 
 

@@ -57,5 +57,17 @@ def test_llama_guard_4_images_each_by_its_tiles_equal_the_stacks_batch(compared)
     assert compared["llama_guard_4_images"] == []
 
 
+def test_llava_merge_in_order_equals_vllms_and_takes_the_one_buffer_under_jit(compared):
+    """LLaVA on the torchax path: vLLM's own merge over the stack's pieces equals the fix's merge, over those
+    pieces and, jitted under torchax, over the fix's one buffer; vLLM's merge refuses that buffer."""
+    assert compared["torchax_merge"] == [] and compared["one_buffer_refused"] > CASES // 4
+
+
+def test_llava_images_each_alone_equal_the_stacks_batch_and_other_vllm_models_keep_the_stacks(compared):
+    """Encoder batches of one to four images: each image's rows through the fix equal the batch's, as the runner
+    takes them; a vLLM model other than LLaVA keeps the stack's unjitted functions and gather's own pieces."""
+    assert compared["torchax_images"] == []
+
+
 def test_install_patches_once(compared):
     assert compared["patched"] and compared["cases"] == CASES

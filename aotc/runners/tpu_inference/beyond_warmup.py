@@ -94,6 +94,7 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
 
 def _images_of(runner):
     """The encoder outputs of the runner's architecture, by the plan's shapes."""
+    from aotc.runners import llava
     from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
 
     architectures = runner.model_config.hf_config.architectures or []
@@ -101,6 +102,8 @@ def _images_of(runner):
         return _Gemma4Images(runner)
     if llama_guard_4.ARCHITECTURE in architectures:
         return _LlamaGuard4Images(runner)
+    if llava.ARCHITECTURE in architectures:
+        return _LlavaImages(runner)
     return _QwenImages(runner)
 
 
@@ -184,6 +187,26 @@ class _LlamaGuard4Images:
 
     def output_of(self, place_shape: dict[str, Any]):
         return self.encode(place_shape["encoder_rows"] // self.per_tile)
+
+
+class _LlavaImages:
+    """LLaVA's one encoder output: an image at the tower's size, as vLLM's processor hands it over (bfloat16
+    NCHW pixels), image_tokens rows out."""
+
+    def __init__(self, runner):
+        self.runner, self.vision, self.encoded = runner, runner.model_config.hf_config.vision_config, None
+
+    def encoder(self, shape: dict[str, Any] | None = None):
+        import torch
+
+        if self.encoded is None:
+            side = self.vision.image_size
+            [self.encoded] = self.runner.embed_multimodal_fn(
+                self.runner.state_leaves, modality="image",
+                pixel_values=torch.zeros((1, self.vision.num_channels, side, side), dtype=torch.bfloat16))
+        return self.encoded
+
+    output_of = encoder
 
 
 def _encode_image(runner, vision, grid: list[int]):

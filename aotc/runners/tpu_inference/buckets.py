@@ -9,7 +9,8 @@ Covered: a text-only model; speculative decoding (ngram, eagle3, mtp, dflash: th
 (`total_dp_size`: every request and token bucket scales with it); async scheduling on or off; a vision-language model
 tpu-inference runs natively (Qwen2.5-VL: its vision encoder, the input-embeddings merger and the backbone over
 input embeddings; Gemma 4: the same without a warm-up encoder, and its encoder per soft-token budget beyond it,
-gemma4_vision; Llama Guard 4: its encoder per tile count, llama_guard_4). Not covered: prefill context
+gemma4_vision; Llama Guard 4: its encoder per tile count, llama_guard_4); and LLaVA, vLLM's model on its torchax
+path (the input-embeddings merger, and beyond the warm-up its one-size tower, jitted by aotc's serving fixes). Not covered: prefill context
 parallelism, disaggregation, continue-decode, multi-process data parallelism.
 """
 
@@ -20,6 +21,7 @@ import json
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
+from aotc.runners import llava
 from aotc.runners.multimodal import image_step_graphs, is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
 from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
@@ -32,9 +34,10 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 # (TPUWorker.initialize_from_config), then capture_model.
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
-# Vision-language architectures whose JAX model (tpu_inference/models/jax) the plan follows.
+# Vision-language architectures the plan follows: JAX models (tpu_inference/models/jax), and vLLM's on the torchax path
+TORCHAX_MULTIMODAL_ARCHITECTURES = frozenset({llava.ARCHITECTURE})
 PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration", gemma4_vision.ARCHITECTURE,
-                                              llama_guard_4.ARCHITECTURE})
+                                              llama_guard_4.ARCHITECTURE}) | TORCHAX_MULTIMODAL_ARCHITECTURES
 # Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
 # async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
 # dspark, dflash). Any other method (ngram) turns it off. tests/tpu_inference pins this to vLLM's own types.
@@ -172,9 +175,12 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
     if hf_config.get("audio_config"):
         raise ValueError(f"{entry.name}: the tpu-inference plan covers image inputs, not a model with an audio "
                          "tower (audio_config): not planned yet")
-    if str(entry.env.get("MODEL_IMPL_TYPE", "auto")).lower() not in ("auto", "flax_nnx"):
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models on its JAX implementation "
-                         "(MODEL_IMPL_TYPE auto or flax_nnx)")
+    impl = str(entry.env.get("MODEL_IMPL_TYPE", "auto")).lower()
+    if architectures & TORCHAX_MULTIMODAL_ARCHITECTURES:
+        check_torchax_multimodal(entry, hf_config, impl)
+    elif impl not in ("auto", "flax_nnx"):
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers {', '.join(sorted(architectures))} on its JAX "
+                         "implementation (MODEL_IMPL_TYPE auto or flax_nnx)")
     if entry.engine.get("enable_lora") or speculative_config(entry) or data_parallel_size(entry) > 1:
         raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models without LoRA, "
                          "speculative decoding or data parallelism")
@@ -182,6 +188,17 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
         gemma4_vision.check(entry)
     if llama_guard_4.is_llama_guard_4(hf_config):
         llama_guard_4.check(entry, hf_config)
+
+
+def check_torchax_multimodal(entry: Entry, hf_config: dict, impl: str) -> None:
+    """LLaVA runs as vLLM's model (tpu-inference has no JAX LLaVA: auto resolves to vllm). Its images are one
+    size (a CLIP or SigLIP tower); a Pixtral tower takes images of any size, which the plan does not follow."""
+    if impl not in ("auto", "vllm"):
+        raise ValueError(f"{entry.name}: tpu-inference 0.32 has no JAX {llava.ARCHITECTURE}; it serves LLaVA as vLLM's "
+                         "model through torchax (MODEL_IMPL_TYPE auto or vllm)")
+    if hf_config["vision_config"].get("model_type") == "pixtral":
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers LLaVA with a one-size tower (CLIP, SigLIP), not "
+                         "Pixtral's, whose encoder's shapes follow each image")
 
 
 def additional_config(entry: Entry) -> dict:
@@ -287,6 +304,8 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
         return gemma4_vision.traffic_images(entry, hf_config)
     if llama_guard_4.is_llama_guard_4(hf_config):
         return llama_guard_4.traffic_images(entry, hf_config)
+    if llava.is_llava(hf_config):
+        return llava.traffic_images(hf_config)
     vision = hf_config["vision_config"]
     factor = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
     extra = additional_config(entry)
@@ -311,7 +330,7 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
     last attention request bucket: _precompile_backbone_with_inputs_embeds calls the helper after that loop);
     then what a step with images runs beyond the warm-up, per architecture."""
     gemma4, llama_guard = gemma4_vision.is_gemma4_vision(hf_config), llama_guard_4.is_llama_guard_4(hf_config)
-    graphs = ([] if gemma4 else llama_guard_4.warmup_graphs(entry) if llama_guard
+    graphs = ([] if gemma4 or llava.is_llava(hf_config) else llama_guard_4.warmup_graphs(entry) if llama_guard
               else vision_encoder_graphs(entry, hf_config))
     for t in p["tokens"]:
         graphs += [GraphSpec.of("input_embeddings_merger", num_tokens=t),
@@ -321,6 +340,8 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
         return graphs + gemma4_vision.step_graphs(entry, hf_config, p["tokens"])
     if llama_guard:
         return graphs + llama_guard_4.step_graphs(entry, hf_config, p["tokens"])
+    if llava.is_llava(hf_config):
+        return graphs + llava_step_graphs(hf_config, p["tokens"])
     return graphs + multimodal_step_graphs(entry, hf_config, p)
 
 
@@ -359,6 +380,15 @@ def multimodal_step_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]
     else:
         outputs = [{"image_grid": g} for g in grids]
     return graphs + image_step_graphs(p["tokens"], outputs)
+
+
+def llava_step_graphs(hf_config: dict, tokens: list[int]) -> list[GraphSpec]:
+    """Beyond the warm-up (the stack has no LLaVA encoder warm-up on the torchax path): the tower and projector over
+    one image, jitted by aotc's serving fixes, at the one size the processor resizes every image to; then the
+    image-step families, an image's encoder output being image_tokens rows."""
+    side = llava.image_side(hf_config)
+    return ([GraphSpec.of("image_encoder", True, image_shape=image_shape_label([side, side]))]
+            + image_step_graphs(tokens, [{"encoder_rows": llava.image_tokens(hf_config)}]))
 
 
 def _pairs(outer: list[int], inner: list[int]) -> list[tuple[int, int]]:

@@ -35,6 +35,15 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
   and splits the output per image: compiles keyed by how many tiles the batch holds and how they split. The fix
   keeps the tiles on the host and runs each image's tiles through the stack's own jitted tower
   (_compute_vision_features_jit): one graph per tile count, its output whole (WholeEncoderOutput).
+* LLaVA (vLLM's PyTorch model, on tpu-inference's torchax path): the wrapper runs vLLM's embed_input_ids
+  unjitted ("cannot be JITted directly due to its dynamic implementation": vLLM's merge writes the images'
+  rows through a boolean mask, `inputs_embeds[is_multimodal] = rows`, whose row count is data-dependent) and
+  the vision tower and projector as eager torchax ops over an encoder batch: every step with images compiles
+  op by op, keyed by the step's image tokens, and every batch by its image count. The fix jits
+  embed_input_ids whole, with vLLM's merge taking the one buffer's rows in order (row i to the i-th
+  placeholder, the gather tpu-inference's JAX models merge with), and runs each image through the jitted tower
+  alone (one pixel shape: the processor resizes every image to the tower's size). Other vLLM multimodal
+  models keep the stack's own functions and gather_mm_embeddings' own pieces, which that merge needs.
 * The vision warm-up (precompile_vision_encoder) makes its dummy pixels with vLLM's torch dtype, which jnp
   refuses at start-up; it runs with the JAX dtype the model was built with.
 """
@@ -51,6 +60,11 @@ QWEN2_5_VL = "tpu_inference.models.jax.qwen2_5_vl"
 GEMMA4_MM = "tpu_inference.models.jax.gemma4_mm"
 LLAMA_GUARD_4 = "tpu_inference.models.jax.llama_guard_4"
 MULTIMODAL_MANAGER = "tpu_inference.runner.multimodal_manager"
+VLLM_MODEL_WRAPPER = "tpu_inference.models.vllm.vllm_model_wrapper"
+# vLLM models on the torchax path whose image steps the fixes jit (planned by aotc/runners/tpu_inference/buckets.py)
+JITTED_TORCHAX_MODELS = frozenset({"LlavaForConditionalGeneration"})
+# set False on an embed_input_ids_fn whose merge needs gather_mm_embeddings' own pieces
+TAKES_ONE_BUFFER = "_aotc_takes_one_buffer"
 INSTALLED = "_aotc_serving_fix"
 
 
@@ -61,6 +75,7 @@ def install() -> None:
     when_imported(GEMMA4_MM, _fix_gemma4)
     when_imported(LLAMA_GUARD_4, _fix_llama_guard_4)
     when_imported(MULTIMODAL_MANAGER, _fix_multimodal_manager)
+    when_imported(VLLM_MODEL_WRAPPER, _fix_vllm_model_wrapper)
 
 
 def _fix_qwen2_5_vl(module) -> None:
@@ -81,6 +96,12 @@ def _fix_llama_guard_4(module) -> None:
 
 def _fix_multimodal_manager(module) -> None:
     _wrap_once(module.MultiModalManager, gather_mm_embeddings=_into_one_buffer)
+
+
+def _fix_vllm_model_wrapper(module) -> None:
+    _wrap_once(module, maybe_jit_embed_multimodal_func=_jit_planned_towers)
+    _wrap_once(module.VllmModelWrapper, wrap_embed_multimodal_func=_each_image_through_the_jitted_tower,
+               wrap_embed_input_ids_func=_merged_in_one_jit)
 
 
 def _wrap_once(owner, **wrappers) -> None:
@@ -218,6 +239,91 @@ def _each_image_by_its_tiles(embed):
         return outputs
 
     return encode_each_image
+
+
+# --- vLLM's PyTorch models through torchax ---------------------------------------------------------------
+
+
+def jitted_torchax_model(vllm_model) -> bool:
+    """A vLLM model whose image steps the fixes jit: LLaVA with a fixed-size tower (not Pixtral's)."""
+    return (type(vllm_model).__name__ in JITTED_TORCHAX_MODELS
+            and getattr(vllm_model.config.vision_config, "model_type", None) != "pixtral")
+
+
+@functools.cache
+def _jit(function):
+    import jax
+
+    return jax.jit(function)
+
+
+def _jit_planned_towers(maybe_jit):
+    @functools.wraps(maybe_jit)
+    def jit_planned_towers(embed_multimodal_func_jax, vllm_model):
+        if jitted_torchax_model(vllm_model):
+            return _jit(embed_multimodal_func_jax)
+        return maybe_jit(embed_multimodal_func_jax, vllm_model)
+
+    return jit_planned_towers
+
+
+def _each_image_through_the_jitted_tower(wrap):
+    @functools.wraps(wrap)
+    def wrap_each_image(wrapper):
+        embed = wrap(wrapper)
+        if embed is None or not jitted_torchax_model(wrapper.model.vllm_model):
+            return embed
+
+        @functools.wraps(embed)
+        def encode_each_image(params_and_buffers, modality=None, **kwargs):
+            if modality != "image" or set(kwargs) != {"pixel_values"}:
+                return embed(params_and_buffers, modality=modality, **kwargs)
+            outputs = []
+            for image in kwargs["pixel_values"]:  # (images, channels, height, width), or a list of images
+                rows = embed(params_and_buffers, modality=modality, pixel_values=image[None])  # (1, tokens, width)
+                outputs.append(WholeEncoderOutput(rows, rows.shape[0] * rows.shape[1]))
+            return outputs
+
+        return encode_each_image
+
+    return wrap_each_image
+
+
+def _merged_in_one_jit(wrap):
+    @functools.wraps(wrap)
+    def wrap_in_one_jit(wrapper):
+        embed = wrap(wrapper)
+        if embed is None:
+            return embed
+        if not jitted_torchax_model(wrapper.model.vllm_model):
+            setattr(embed, TAKES_ONE_BUFFER, False)
+            return embed
+        import jax
+        import vllm.model_executor.models.utils as vllm_model_utils
+
+        @functools.wraps(embed)
+        def embed_input_ids_in_order(params_and_buffers, input_ids, mm_embeds=None, *, is_multimodal=None):
+            # traced once per token bucket: vLLM's merge is swapped while the trace runs
+            with attribute_set(vllm_model_utils, "_merge_multimodal_embeddings", merge_rows_in_order):
+                return embed(params_and_buffers, input_ids, mm_embeds, is_multimodal=is_multimodal)
+
+        return jax.jit(embed_input_ids_in_order)
+
+    return wrap_in_one_jit
+
+
+def merge_rows_in_order(inputs_embeds, multimodal_embeddings, is_multimodal):
+    """vLLM's _merge_multimodal_embeddings without its boolean-mask write: the i-th placeholder takes row i of
+    the embeddings, rows after the last placeholder's (a padded buffer's) are not read. Equal to vLLM's merge
+    wherever it accepts the rows (as many as placeholders)."""
+    import torch
+    from vllm.model_executor.models.utils import _flatten_embeddings
+
+    if len(multimodal_embeddings) == 0:
+        return inputs_embeds
+    rows = _flatten_embeddings(multimodal_embeddings).to(dtype=inputs_embeds.dtype)
+    index = (torch.cumsum(is_multimodal.to(torch.int32), dim=0) - 1).clamp(0, rows.shape[0] - 1)
+    return torch.where(is_multimodal.unsqueeze(-1), rows[index], inputs_embeds)
 
 
 # --- M-RoPE positions ---------------------------------------------------------------------------------
@@ -434,6 +540,8 @@ def _into_one_buffer(gather):
     @functools.wraps(gather)
     def gather_into_one_buffer(manager, *args, **kwargs):
         runner = manager.runner
+        if not getattr(runner.embed_input_ids_fn, TAKES_ONE_BUFFER, True):
+            return gather(manager, *args, **kwargs)
         with attribute_set(runner, "encoder_cache", EncoderRowsView(runner.encoder_cache)):
             pieces, is_mm_embed = gather(manager, *args, **kwargs)
         if pieces is None:

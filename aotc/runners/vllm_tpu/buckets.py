@@ -10,6 +10,8 @@ from __future__ import annotations
 from aotc.matrix import Entry
 from aotc.graphs import GraphSpec
 # MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
+from aotc.runners import llava
+from aotc.runners.llava import image_tokens
 from aotc.runners.multimodal import is_multimodal
 from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
                                    page_size, req_paddings, token_paddings)
@@ -62,15 +64,7 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
 
 # vLLM 0.13 multimodal models the plan covers: an image's token count is fixed by the config (the image processor
 # resizes every image to the tower's size), so the encoder's graphs are known before any image arrives.
-PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"LlavaForConditionalGeneration"})
-
-
-def image_tokens(hf_config: dict) -> int:
-    """Tokens one image takes (LlavaProcessingInfo.get_num_image_tokens): a CLIP tower's patches, its class
-    token too under vision_feature_select_strategy 'full'."""
-    vision = hf_config["vision_config"]
-    patches = (vision.get("image_size", 224) // vision.get("patch_size", 32)) ** 2
-    return patches + (hf_config.get("vision_feature_select_strategy", "default") == "full")
+PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({llava.ARCHITECTURE})
 
 
 def max_images_per_batch(entry: Entry, hf_config: dict) -> int:
@@ -100,15 +94,9 @@ def multimodal_graphs(entry: Entry, hf_config: dict, tokens: list[int]) -> list[
     return graphs + [GraphSpec.of("embed_inputs", num_tokens=t, num_items=0) for t in tokens]
 
 
-# Images a sweep sends, [height, width]: sizes and aspects the processor resizes to the tower's one size.
-TRAFFIC_IMAGE_SHAPES = ([56, 56], [112, 84], [40, 72])
-
-
 def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
     """(height, width, prompt tokens) of the images a sweep and the canary send; () for a text model."""
-    if not is_multimodal(hf_config):
-        return ()
-    return tuple((h, w, image_tokens(hf_config)) for h, w in TRAFFIC_IMAGE_SHAPES)
+    return llava.traffic_images(hf_config) if is_multimodal(hf_config) else ()
 
 
 def bucket_summary(entry: Entry) -> dict:
