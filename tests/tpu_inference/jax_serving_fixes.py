@@ -3,11 +3,13 @@ code it replaces, over random inputs: Qwen2.5-VL's M-RoPE positions (prompts of 
 image encoder inputs (encoder batches of one to four images), and MultiModalManager.gather_mm_embeddings with
 the embedding padding after it (steps of random prefill chunks through prompts with images), and with dynamic
 image sizes the padded encoder's inputs and its image rows (random grids); Gemma 4's encoder inputs (batches
-of images at one or several soft-token budgets); Llama Guard 4's (batches of images of 1 to 5 tiles).
+of images at one or several soft-token budgets); Llama Guard 4's (batches of images of 1 to 5 tiles); LLaVA's on
+the torchax path (vLLM's merge over the same steps, encoder batches of one to four images).
 
 stdin: {"config": model dir, "cases": n, "padded_cases": m, "seed": s}
 stdout (last line): {"mrope": [mismatching cases], "images": [...], "gather": [...], "padded_images": [...],
-                     "gemma4_images": [...], "llama_guard_4_images": [...],
+                     "gemma4_images": [...], "llama_guard_4_images": [...], "torchax_merge": [...],
+                     "torchax_images": [...], "one_buffer_misplaced": count,
                      "cases": n, "gathered_pieces": count, "patch_buckets": count, "host_types": [...],
                      "patched": bool}
 """
@@ -286,8 +288,9 @@ def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
     """Steps of random prefill chunks through prompts with images (random_step): vLLM's own
     _merge_multimodal_embeddings over the pieces the stack's gather_mm_embeddings cuts equals, row for row,
     merge_rows_in_order over the same pieces and, traced by jax.jit under torchax as the fix runs it, over the
-    one buffer of the fix's gather; and vLLM's merge refuses that buffer (why the fix leaves other vLLM models
-    their pieces)."""
+    one buffer of the fix's gather. And vLLM's merge run eagerly under torchax, as the stack runs it for other
+    vLLM models, misplaces that buffer's rows: torchax writes a boolean-mask assignment whose values have the
+    target's shape row for row (buffer row i to position i), so the fix leaves those models their pieces."""
     import torchax
     from torchax.interop import jax_view, torch_view
     from vllm.model_executor.models.utils import _merge_multimodal_embeddings as vllms_merge
@@ -298,7 +301,7 @@ def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
             return jax_view(fixes.merge_rows_in_order(torch_view(embeds), [torch_view(buffer)], torch_view(mask)))
 
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    ours_gather, mismatches, refused = fixes._into_one_buffer(gather), [], 0
+    ours_gather, mismatches, misplaced = fixes._into_one_buffer(gather), [], 0
     for case in range(cases):
         rows, scheduled, _, manager, args = gather_call(rng, mesh)
         pieces, mask = gather(manager, *args)
@@ -311,12 +314,11 @@ def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
         in_jit = np.asarray(merged_in_jit(jnp.asarray(embeds.numpy()), buffer.astype(jnp.float32), mask))
         if not (torch.equal(theirs, in_order) and np.array_equal(theirs.numpy(), in_jit)):
             mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
-        if int(torch_mask.sum()) < rows:
-            try:
-                vllms_merge(embeds.clone(), [to_torch(buffer)], torch_mask)
-            except ValueError:
-                refused += 1
-    return mismatches, refused
+        with torchax.default_env():
+            eager = jax_view(vllms_merge(torch_view(jnp.asarray(embeds.numpy())),
+                                         [torch_view(buffer.astype(jnp.float32))], torch_view(mask)))
+        misplaced += not np.array_equal(theirs.numpy(), np.asarray(eager))
+    return mismatches, misplaced
 
 
 class LlavaForConditionalGeneration:
@@ -392,7 +394,7 @@ def main() -> None:
 
     guard_embed = llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal
     llama_guard_4_images = check_llama_guard_4_images(rng, request["padded_cases"], serving_fixes, llama_guard_4)
-    torchax_merge, refused = check_torchax_merge(rng, cases, serving_fixes, gather)
+    torchax_merge, misplaced = check_torchax_merge(rng, cases, serving_fixes, gather)
     torchax_images = check_torchax_images(rng, request["padded_cases"], serving_fixes)
     from tpu_inference.models.vllm import vllm_model_wrapper
 
@@ -409,8 +411,8 @@ def main() -> None:
     print(json.dumps({"cases": cases, "mrope": mrope, "images": images, "gather": gathered, "gathered_pieces": pieces,
                       "padded_images": padded, "gemma4_images": gemma4_images,
                       "llama_guard_4_images": llama_guard_4_images, "torchax_merge": torchax_merge,
-                      "one_buffer_refused": refused, "torchax_images": torchax_images, "patch_buckets": patch_buckets, "host_types": sorted(types),
-                      "patched": patched}))
+                      "one_buffer_misplaced": misplaced, "torchax_images": torchax_images,
+                      "patch_buckets": patch_buckets, "host_types": sorted(types), "patched": patched}))
 
 
 if __name__ == "__main__":

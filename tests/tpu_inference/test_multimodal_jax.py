@@ -242,9 +242,10 @@ def test_llava_plans_its_one_size_tower_and_the_image_step_per_token_bucket():
     beyond = {g.key for g in plan.graphs if g.beyond_warmup}
     side = config["vision_config"]["image_size"]
     expected = {GraphSpec.of("image_encoder", True, image_shape=f"{side}x{side}").key}
+    rows = llava.image_tokens(config)
     for t in tokens:
-        expected |= {GraphSpec.of(family, True, num_tokens=t).key for family in ("multimodal_mask", "empty_embedding_rows")}
-        expected.add(GraphSpec.of("place_encoder_rows", True, num_tokens=t, encoder_rows=llava.image_tokens(config)).key)
+        expected |= {GraphSpec.of(f, True, num_tokens=t).key for f in ("multimodal_mask", "empty_embedding_rows")}
+        expected.add(GraphSpec.of("place_encoder_rows", True, num_tokens=t, encoder_rows=rows).key)
     assert beyond == expected
     assert not set(plan.families()) & {"vision_encoder", "vision_encoder_padded"}
 

@@ -59,8 +59,9 @@ def test_llama_guard_4_images_each_by_its_tiles_equal_the_stacks_batch(compared)
 
 def test_llava_merge_in_order_equals_vllms_and_takes_the_one_buffer_under_jit(compared):
     """LLaVA on the torchax path: vLLM's own merge over the stack's pieces equals the fix's merge, over those
-    pieces and, jitted under torchax, over the fix's one buffer; vLLM's merge refuses that buffer."""
-    assert compared["torchax_merge"] == [] and compared["one_buffer_refused"] > CASES // 4
+    pieces and, jitted under torchax, over the fix's one buffer; vLLM's merge run eagerly under torchax (the stack's
+    way for other vLLM models) misplaces that buffer's rows, so those models keep their pieces."""
+    assert compared["torchax_merge"] == [] and compared["one_buffer_misplaced"] > CASES // 4
 
 
 def test_llava_images_each_alone_equal_the_stacks_batch_and_other_vllm_models_keep_the_stacks(compared):

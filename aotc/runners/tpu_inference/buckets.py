@@ -10,8 +10,8 @@ Covered: a text-only model; speculative decoding (ngram, eagle3, mtp, dflash: th
 tpu-inference runs natively (Qwen2.5-VL: its vision encoder, the input-embeddings merger and the backbone over
 input embeddings; Gemma 4: the same without a warm-up encoder, and its encoder per soft-token budget beyond it,
 gemma4_vision; Llama Guard 4: its encoder per tile count, llama_guard_4); and LLaVA, vLLM's model on its torchax
-path (the input-embeddings merger, and beyond the warm-up its one-size tower, jitted by aotc's serving fixes). Not covered: prefill context
-parallelism, disaggregation, continue-decode, multi-process data parallelism.
+path (the input-embeddings merger, and beyond the warm-up its one-size tower, jitted by aotc's serving fixes).
+Not covered: prefill context parallelism, disaggregation, continue-decode, multi-process data parallelism.
 """
 
 from __future__ import annotations

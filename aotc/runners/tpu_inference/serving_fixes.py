@@ -43,7 +43,8 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
   embed_input_ids whole, with vLLM's merge taking the one buffer's rows in order (row i to the i-th
   placeholder, the gather tpu-inference's JAX models merge with), and runs each image through the jitted tower
   alone (one pixel shape: the processor resizes every image to the tower's size). Other vLLM multimodal
-  models keep the stack's own functions and gather_mm_embeddings' own pieces, which that merge needs.
+  models keep the stack's own functions and gather_mm_embeddings' own pieces: vLLM's merge, run eagerly under
+  torchax, writes a buffer as long as the step row for row (buffer row i to position i), misplacing its rows.
 * The vision warm-up (precompile_vision_encoder) makes its dummy pixels with vLLM's torch dtype, which jnp
   refuses at start-up; it runs with the JAX dtype the model was built with.
 """

@@ -68,7 +68,7 @@ def multimodal(entry, hf_config: dict | None) -> list[str]:
         return [f"model: the vllm-tpu plan covers the multimodal architectures "
                 f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))} (images of one size after the processor), "
                 f"not {', '.join(sorted(architectures)) or 'this config'}: its encoder's shapes depend on each "
-                "request's images; runner: tpu-inference plans Qwen2.5-VL, Gemma 4 and Llama Guard 4"]
+                "request's images; runner: tpu-inference plans Qwen2.5-VL, Gemma 4, Llama Guard 4 and LLaVA"]
     per_image, budget = image_tokens(hf_config), entry.max_num_batched_tokens
     if budget < per_image:
         return [f"max_num_batched_tokens: {budget} is below one image's {per_image} tokens, which vLLM 0.13's TPU "
@@ -77,7 +77,8 @@ def multimodal(entry, hf_config: dict | None) -> list[str]:
         return ["engine.enable_chunked_prefill: vLLM 0.13 serves images on a TPU with chunked prefill off only: its "
                 "scheduler splits an image that starts a step (the disable_chunked_mm_input rollback checks "
                 "num_computed_tokens < start_pos) while the TPU runner merges whole images (_gather_mm_embeddings), "
-                "so the step's masked_scatter fails to lower and the server dies: set enable_chunked_prefill: false"]
+                "so the step's masked_scatter fails to lower and the server dies: set enable_chunked_prefill: false "
+                "(runner: tpu-inference serves LLaVA with chunked prefill)"]
     if budget >= 2 * per_image:
         return [f"max_num_batched_tokens: {budget} lets one step encode {budget // per_image} images; vLLM 0.13's "
                 "TPU runner keeps only the first of a step's encoder batch (TPUModelRunner._execute_mm_encoder "
