@@ -121,7 +121,34 @@ def mla_attention_error() -> float:
                float(np.abs(out[real:]).max()))
 
 
+def grid_jitted_vision_architectures() -> list[str]:
+    """vLLM's multimodal architectures whose model tpu-inference jits the vision tower of with each encoder batch's
+    image grids as a static argument: its own predicate (vision_tower_jit.has_jittable_vision) on an instance of each
+    class. Only the model modules that name one of those classes, or a subclass found so far, are imported."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    from tpu_inference.models.vllm.experimental import vision_tower_jit
+    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS, _resolve_module_name
+
+    names = {"Qwen3VLForConditionalGeneration"} | {cls.__name__ for cls in vision_tower_jit.JITTABLE_ARCHS}
+    found: set[str] = set()
+    while True:
+        before = set(names)
+        for arch, (module, class_name) in _MULTIMODAL_MODELS.items():
+            spec = importlib.util.find_spec(_resolve_module_name(module))
+            if arch in found or not any(name in Path(spec.origin).read_text() for name in names):
+                continue
+            cls = getattr(importlib.import_module(spec.name), class_name)
+            if vision_tower_jit.has_jittable_vision(cls.__new__(cls)):
+                found.add(arch)
+                names.add(class_name)
+        if names == before:
+            return sorted(found)
+
+
 print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(),
                   "attention_error_hd64": attention_error(hd64=True), "mla_attention_error": mla_attention_error(),
-                  "scheduler": scheduler,
+                  "scheduler": scheduler, "grid_jitted_vision": grid_jitted_vision_architectures(),
                   "quantizations": list(TpuPlatform.supported_quantization)}))

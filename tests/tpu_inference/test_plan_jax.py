@@ -289,8 +289,21 @@ def test_plan_refuses_multimodal_architectures_it_does_not_follow():
 
     entry = load_matrix(MULTIMODAL).entries[0]
     config = {**hf_config(entry), "architectures": ["Qwen2VLForConditionalGeneration"]}
-    with pytest.raises(ValueError, match="multimodal architectures"):
+    with pytest.raises(ValueError, match="multimodal architectures") as refusal:
         buckets.capture_plan(entry, config)
+    assert "static argument" not in str(refusal.value)  # no reason of the stack's is claimed where none is known
+
+
+def test_the_refusal_names_the_stacks_per_grid_tower_where_its_own_predicate_jits_one(facts):
+    """The architectures refused for the stack's per-grid vision jit (Qwen3-VL and its kin) are exactly those whose
+    model tpu-inference's own has_jittable_vision accepts, over vLLM's registry."""
+    from aotc.matrix import hf_config
+
+    assert set(facts["grid_jitted_vision"]) == buckets.GRID_JITTED_VISION_ARCHITECTURES
+    entry = load_matrix(MULTIMODAL).entries[0]
+    for architecture in sorted(buckets.GRID_JITTED_VISION_ARCHITECTURES):
+        with pytest.raises(ValueError, match="image grids as a static argument"):
+            buckets.capture_plan(entry, {**hf_config(entry), "architectures": [architecture]})
 
 
 @pytest.mark.parametrize("impl, tower, reason", [("flax_nnx", "clip_vision_model", "has no JAX"),

@@ -38,6 +38,14 @@ FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "
 TORCHAX_MULTIMODAL_ARCHITECTURES = frozenset({llava.ARCHITECTURE})
 PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration", gemma4_vision.ARCHITECTURE,
                                               llama_guard_4.ARCHITECTURE}) | TORCHAX_MULTIMODAL_ARCHITECTURES
+# vLLM models whose vision tower tpu-inference 0.32 jits with each encoder batch's image grids as a static argument
+# (models/vllm/experimental/vision_tower_jit.py: has_jittable_vision, GridTHW); a test derives this set from the
+# stack's own predicate over vLLM's registry
+GRID_JITTED_VISION_ARCHITECTURES = frozenset({
+    "Qwen3OmniMoeForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Cosmos3ForConditionalGeneration",
+    "InternS1ProForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
+    "InternS2PreviewForConditionalGeneration"})
 # Speculative methods vLLM keeps async scheduling on for when the engine leaves it unset (VllmConfig resolves
 # async_scheduling=None: EagleModelTypes, with every MTP model type "<model>_mtp", NgramGPUTypes, draft_model,
 # dspark, dflash). Any other method (ngram) turns it off. tests/tpu_inference pins this to vLLM's own types.
@@ -171,7 +179,7 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
     if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES:
         raise ValueError(f"{entry.name}: the tpu-inference plan covers the multimodal architectures "
                          f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))}, not "
-                         f"{', '.join(sorted(architectures)) or 'this one'}")
+                         f"{', '.join(sorted(architectures)) or 'this one'}{unplanned_reason(architectures)}")
     if hf_config.get("audio_config"):
         raise ValueError(f"{entry.name}: the tpu-inference plan covers image inputs, not a model with an audio "
                          "tower (audio_config): not planned yet")
@@ -188,6 +196,16 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
         gemma4_vision.check(entry)
     if llama_guard_4.is_llama_guard_4(hf_config):
         llama_guard_4.check(entry, hf_config)
+
+
+def unplanned_reason(architectures: set[str]) -> str:
+    """Why no plan can list what the stack compiles for an architecture, where that is the stack's own doing."""
+    if architectures & GRID_JITTED_VISION_ARCHITECTURES:
+        return ("; tpu-inference 0.32 serves it as vLLM's model through torchax and, without cudagraph_mm_encoder, "
+                "jits its vision tower with each encoder batch's image grids as a static argument (GridTHW): every new "
+                "image size, or mix of sizes in a batch, compiles while serving (its warm-up covers square "
+                "power-of-two grids only)")
+    return ""
 
 
 def check_torchax_multimodal(entry: Entry, hf_config: dict, impl: str) -> None:
