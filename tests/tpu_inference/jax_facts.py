@@ -122,9 +122,9 @@ def mla_attention_error() -> float:
 
 
 def grid_jitted_vision_architectures() -> list[str]:
-    """vLLM's multimodal architectures whose model tpu-inference jits the vision tower of with each encoder batch's
-    image grids as a static argument: its own predicate (vision_tower_jit.has_jittable_vision) on an instance of each
-    class. Only the model modules that name one of those classes, or a subclass found so far, are imported."""
+    """vLLM's multimodal architectures whose vision tower tpu-inference jits with each encoder batch's image grids as
+    a static argument: the stack's own predicate (vision_tower_jit.has_jittable_vision) on an instance of each class.
+    Only the model modules that name one of those classes, or a subclass found so far, are imported."""
     import importlib
     import importlib.util
     from pathlib import Path
