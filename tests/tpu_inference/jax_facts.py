@@ -129,18 +129,20 @@ def grid_jitted_vision_architectures() -> list[str]:
     import importlib.util
     from pathlib import Path
 
-    from tpu_inference.models.vllm.experimental import vision_tower_jit
+    from tpu_inference.models.vllm.experimental import qwen3_vl_patcher, vision_tower_jit
     from vllm.model_executor.models.registry import _MULTIMODAL_MODELS, _resolve_module_name
 
-    names = {"Qwen3VLForConditionalGeneration"} | {cls.__name__ for cls in vision_tower_jit.JITTABLE_ARCHS}
+    modules = {module: _resolve_module_name(module) for module, _ in _MULTIMODAL_MODELS.values()}
+    sources = {module: Path(importlib.util.find_spec(name).origin).read_text() for module, name in modules.items()}
+    names = {cls.__name__ for cls in (qwen3_vl_patcher.Qwen3VLForConditionalGeneration,
+                                      *vision_tower_jit.JITTABLE_ARCHS)}
     found: set[str] = set()
     while True:
         before = set(names)
         for arch, (module, class_name) in _MULTIMODAL_MODELS.items():
-            spec = importlib.util.find_spec(_resolve_module_name(module))
-            if arch in found or not any(name in Path(spec.origin).read_text() for name in names):
+            if arch in found or not any(name in sources[module] for name in names):
                 continue
-            cls = getattr(importlib.import_module(spec.name), class_name)
+            cls = getattr(importlib.import_module(modules[module]), class_name)
             if vision_tower_jit.has_jittable_vision(cls.__new__(cls)):
                 found.add(arch)
                 names.add(class_name)
