@@ -6,10 +6,12 @@ parallelism) and the spec-decode steps are capture_model's. Only what a call nee
 for (model functions, LoRA and KV-cache plumbing); nothing is lowered or compiled.
 
 stdin: {"cases": [{"seqs", "tokens", "gap", "dp", "spec": null | {"method", "num_speculative_tokens"},
-                   "async": bool, "multimodal": absent | {"hf_config": config.json, "additional_config",
-                   "mm_processor_kwargs"}}, ...]}
-A multimodal case runs with Qwen2.5-VL's own precompile_vision_encoder (on a stand-in model: the
-encoder functions it hands to `_run_compilation` are never called) and M-RoPE positions.
+                   "async": bool, "max_model_len": absent (128) | int,
+                   "multimodal": absent | {"hf_config": config.json, "additional_config", "mm_processor_kwargs"}},
+                  ...]}
+A multimodal case runs with the model's own precompile_vision_encoder (Qwen3-VL's: its MMEncoderJITManager's)
+on a stand-in model (the encoder functions it hands to `_run_compilation` are never called), and M-RoPE positions
+for the Qwen models.
 stdout (last line): {"calls": [[[family, shape], ...] per case], "paddings": [{tokens, reqs, logits}...]}
 """
 
@@ -33,6 +35,7 @@ from tpu_inference.runner.tpu_runner import TPUModelRunner  # noqa: E402
 from aotc.runners.tpu_inference.instrument import call_signature  # noqa: E402
 
 HIDDEN, VOCAB = 64, 256
+MROPE_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
 
 
 def recorder(calls):
@@ -63,6 +66,8 @@ def vision_encoder_precompile(multimodal: dict, vllm_config: SimpleNamespace):
 
         model = LlavaForConditionalGeneration.__new__(LlavaForConditionalGeneration)  # its class is what is read
         return maybe_precompile_vision_encoder_fn(None, lambda *args, **kwargs: None, model, vllm_config)
+    if architecture(multimodal) == "Qwen3VLForConditionalGeneration":
+        return qwen3_vl_encoder_precompile(vllm_config)
     if architecture(multimodal) == "Gemma4ForConditionalGeneration":
         from tpu_inference.models.jax.gemma4_mm import Gemma4ForConditionalGeneration
 
@@ -82,6 +87,34 @@ def vision_encoder_precompile(multimodal: dict, vllm_config: SimpleNamespace):
                                                                                                run_compilation)
 
 
+def qwen3_vl_encoder_precompile(vllm_config: SimpleNamespace):
+    """What tpu-inference's VllmModelWrapper hands the runner for Qwen3-VL with cudagraph_mm_encoder: its
+    MMEncoderJITManager's precompile_vision_encoder, the budgets derived by vLLM's EncoderCudaGraphManager from
+    the compilation config's defaults and Qwen3-VL's own budget range and encoder config (the real class's methods
+    on a stand-in model whose capture inputs are empty: nothing is captured)."""
+    import functools
+
+    from tpu_inference.runner.mm_encoder_jit_manager import MMEncoderJITManager
+    from vllm.config import CompilationConfig
+    from vllm.model_executor.models.qwen3_vl import Qwen3VLForConditionalGeneration as Qwen3VL
+
+    defaults = CompilationConfig()
+    for knob in ("encoder_cudagraph_token_budgets", "encoder_cudagraph_max_vision_items_per_batch",
+                 "encoder_cudagraph_max_frames_per_batch"):
+        setattr(vllm_config.compilation_config, knob, getattr(defaults, knob))
+    hf_config = vllm_config.model_config.hf_config
+    vllm_config.model_config.multimodal_config.get_limit_per_prompt = lambda modality: 0  # images only: no video
+    vllm_config.model_config.multimodal_config.mm_encoder_tp_mode = "weights"
+    model = SimpleNamespace(model_config=vllm_config.model_config, is_multimodal_pruning_enabled=False,
+                            visual=SimpleNamespace(out_hidden_size=hf_config.vision_config.out_hidden_size,
+                                                   spatial_merge_size=hf_config.vision_config.spatial_merge_size),
+                            get_max_frames_per_video=lambda: 1,
+                            prepare_encoder_cudagraph_capture_inputs=lambda *args: SimpleNamespace(values={}))
+    for method in ("get_encoder_cudagraph_config", "get_encoder_cudagraph_budget_range"):
+        setattr(model, method, functools.partial(getattr(Qwen3VL, method), model))
+    return MMEncoderJITManager(vllm_config, None, model, None).precompile_vision_encoder
+
+
 def stand_in_runner(case):
     dp, spec, multimodal = case["dp"], case["spec"], case.get("multimodal")
     speculative = None
@@ -92,7 +125,8 @@ def stand_in_runner(case):
         speculative = SimpleNamespace(num_speculative_tokens=spec["num_speculative_tokens"], method=spec["method"],
                                       draft_model_config=SimpleNamespace(get_hidden_size=lambda: HIDDEN,
                                                                          hf_config=draft_hf_config))
-    model_config = SimpleNamespace(max_model_len=128, get_sliding_window=lambda: None, get_vocab_size=lambda: VOCAB,
+    model_config = SimpleNamespace(max_model_len=case.get("max_model_len", 128), get_sliding_window=lambda: None,
+                                   get_vocab_size=lambda: VOCAB,
                                    get_hidden_size=lambda: HIDDEN, uses_mrope=False, dtype="bfloat16",
                                    enforce_eager=False, max_logprobs=20, logprobs_mode="raw_logprobs")
     scheduler_config = SimpleNamespace(max_num_seqs=case["seqs"], max_num_batched_tokens=case["tokens"],
@@ -111,7 +145,7 @@ def stand_in_runner(case):
         cache_config=SimpleNamespace(block_size=16, cache_dtype="auto"), dtype="bfloat16",
         scheduler_config=scheduler_config,
         mesh=jax.sharding.Mesh(np.array(jax.devices()[:dp]).reshape(dp, 1), MESH_AXIS_NAMES_2D),
-        rank=0, uses_mrope=architecture(multimodal) == "Qwen2_5_VLForConditionalGeneration", is_multimodal_model=bool(multimodal), is_last_rank=True, is_first_rank=True, is_pooling_model=False,
+        rank=0, uses_mrope=architecture(multimodal) in MROPE_ARCHITECTURES, is_multimodal_model=bool(multimodal), is_last_rank=True, is_first_rank=True, is_pooling_model=False,
         enable_continue_decode=False, lora_config=None, kv_caches=None, state_leaves=None,
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l0"])], has_mamba_layers=False),
         layer_name_to_kvcache_index={}, rng_params_for_sampling=None, model_fn=None, compute_logits_fn=None,

@@ -293,6 +293,8 @@ def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
     target's shape row for row (buffer row i to position i), so the fix leaves those models their pieces."""
     import torchax
     from torchax.interop import jax_view, torch_view
+    from tpu_inference.models.vllm.experimental.qwen3_vl_patcher import (
+        _patched_merge_multimodal_embeddings as qwen3_vl_merge)
     from vllm.model_executor.models.utils import _merge_multimodal_embeddings as vllms_merge
 
     @jax.jit
@@ -312,11 +314,15 @@ def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
         theirs = vllms_merge(embeds.clone(), [to_torch(p) for p in pieces], torch_mask)
         in_order = fixes.merge_rows_in_order(embeds.clone(), [to_torch(p) for p in pieces], torch_mask)
         in_jit = np.asarray(merged_in_jit(jnp.asarray(embeds.numpy()), buffer.astype(jnp.float32), mask))
-        if not (torch.equal(theirs, in_order) and np.array_equal(theirs.numpy(), in_jit)):
-            mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
         with torchax.default_env():
             eager = jax_view(vllms_merge(torch_view(jnp.asarray(embeds.numpy())),
                                          [torch_view(buffer.astype(jnp.float32))], torch_view(mask)))
+            # Qwen3-VL's module holds the stack's merge (qwen3_vl_patcher), which the fix's jit keeps
+            qwen3_vl = np.asarray(jax_view(qwen3_vl_merge(torch_view(jnp.asarray(embeds.numpy())),
+                                                          [torch_view(buffer.astype(jnp.float32))], torch_view(mask))))
+        if not (torch.equal(theirs, in_order) and np.array_equal(theirs.numpy(), in_jit)
+                and np.array_equal(theirs.numpy(), qwen3_vl)):
+            mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
         misplaced += not np.array_equal(theirs.numpy(), np.asarray(eager))
     return mismatches, misplaced
 
@@ -325,6 +331,12 @@ class LlavaForConditionalGeneration:
     """A stand-in vLLM model: its class name and tower type are what the fixes read."""
 
     config = SimpleNamespace(vision_config=SimpleNamespace(model_type="clip_vision_model"))
+
+
+class Qwen3VLForConditionalGeneration:
+    """A stand-in vLLM model: its tower runs through the stack's MMEncoderJITManager, its merge in the fix's jit."""
+
+    config = SimpleNamespace(vision_config=SimpleNamespace(model_type="qwen3_vl"))
 
 
 def batch_tower(params_and_buffers, modality=None, **kwargs):
@@ -341,6 +353,7 @@ def check_torchax_images(rng, cases, fixes) -> list:
     the fixes do not jit keeps the stack's functions (its embed_input_ids marked to keep its pieces)."""
     llava = SimpleNamespace(model=SimpleNamespace(vllm_model=LlavaForConditionalGeneration()))
     other = SimpleNamespace(model=SimpleNamespace(vllm_model=SimpleNamespace(config=llava.model.vllm_model.config)))
+    qwen3_vl = SimpleNamespace(model=SimpleNamespace(vllm_model=Qwen3VLForConditionalGeneration()))
     encode = fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(llava)
     mismatches = []
     for case in range(cases):
@@ -362,10 +375,59 @@ def check_torchax_images(rng, cases, fixes) -> list:
             and getattr(stock_embed, fixes.TAKES_ONE_BUFFER) is False
             and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, other.model.vllm_model) == "stack's"
             and hasattr(fixes._jit_planned_towers(lambda fn, model: None)(batch_tower, llava.model.vllm_model), "lower")
-            and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(llava), "lower"))
+            and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(llava), "lower")
+            and fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(qwen3_vl) is batch_tower
+            and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, qwen3_vl.model.vllm_model)
+            == "stack's"
+            and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(qwen3_vl), "lower"))
     if not kept:
         mismatches.append({"case": "which models the fixes jit"})
     return mismatches
+
+
+def budget_batches(rng, cache: dict) -> list[tuple[list[str], int]]:
+    """The step's images packed into encoder batches of one to three, each batch's output a token budget's rows."""
+    keys, batches = list(cache), []
+    while keys:
+        size = rng.randint(1, 3)
+        batch, keys = keys[:size], keys[size:]
+        batches.append((batch, sum(cache[k].shape[0] for k in batch) + rng.choice([0, 3, 16])))
+    return batches
+
+
+def check_budget_outputs(rng, cases, fixes, gather, flatten_pad, stack_postprocess) -> tuple[list, int]:
+    """Steps of random prefill chunks (random_step) whose images were encoded in token-budget batches (one to three
+    images, each batch's output the budget's rows, padding after them): the stack's MMEncoderJITManager postprocess
+    slices each image's rows on the device, and its gather cuts and pads the step's pieces; the fix keeps each
+    budget output whole with its image's place in it, and its gather builds the same buffer from there."""
+    mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    ours_gather, mismatches, shared = fixes._into_one_buffer(gather), [], 0
+    for case in range(cases):
+        rows, scheduled, cache, manager, args = gather_call(rng, mesh)
+        theirs_cache, ours_cache = {}, {}
+        for batch, budget in budget_batches(rng, cache):
+            counts = [cache[k].shape[0] for k in batch]
+            output = jnp.concatenate([cache[k] for k in batch]
+                                     + [jnp.ones((budget - sum(counts), WIDTH), jnp.bfloat16)])
+            theirs_out, ours_out = [None] * len(batch), [None] * len(batch)
+            stack_postprocess(None, output, list(range(len(batch))), counts, theirs_out)
+            fixes._whole_budget_outputs(None, output, list(range(len(batch))), counts, ours_out)
+            theirs_cache.update(zip(batch, theirs_out))
+            ours_cache.update(zip(batch, ours_out))
+            shared += len(batch) > 1
+        manager.runner.encoder_cache = theirs_cache
+        their_pieces, their_mask = gather(manager, *args)
+        manager.runner.encoder_cache = ours_cache
+        ours, mask = ours_gather(manager, *args)
+        if their_pieces is None:
+            same = ours is None and mask is None
+        else:
+            theirs = flatten_pad(their_pieces, target_pad_len=rows)
+            same = (len(ours) == 1 and same_array(np.asarray(ours[0]), theirs)
+                    and np.array_equal(np.asarray(mask), np.asarray(their_mask)))
+        if not same:
+            mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
+    return mismatches, shared
 
 
 def main() -> None:
@@ -396,6 +458,11 @@ def main() -> None:
     llama_guard_4_images = check_llama_guard_4_images(rng, request["padded_cases"], serving_fixes, llama_guard_4)
     torchax_merge, misplaced = check_torchax_merge(rng, cases, serving_fixes, gather)
     torchax_images = check_torchax_images(rng, request["padded_cases"], serving_fixes)
+    from tpu_inference.runner import mm_encoder_jit_manager
+
+    adapter = mm_encoder_jit_manager._TorchaxEncoderModelAdapter
+    budget_outputs, shared_budgets = check_budget_outputs(rng, cases, serving_fixes, gather, flatten_pad_mm_embeds,
+                                                          adapter.postprocess_encoder_output)
     from tpu_inference.models.vllm import vllm_model_wrapper
 
     wrapper_embed = vllm_model_wrapper.VllmModelWrapper.wrap_embed_input_ids_func
@@ -407,11 +474,13 @@ def main() -> None:
                and gemma4_mm.Gemma4ForConditionalGeneration._process_image_input.__wrapped__
                is gemma4_originals["_process_image_input"]
                and llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal.__wrapped__ is guard_embed
-               and vllm_model_wrapper.VllmModelWrapper.wrap_embed_input_ids_func.__wrapped__ is wrapper_embed)
+               and vllm_model_wrapper.VllmModelWrapper.wrap_embed_input_ids_func.__wrapped__ is wrapper_embed
+               and adapter.postprocess_encoder_output is serving_fixes._whole_budget_outputs)
     print(json.dumps({"cases": cases, "mrope": mrope, "images": images, "gather": gathered, "gathered_pieces": pieces,
                       "padded_images": padded, "gemma4_images": gemma4_images,
                       "llama_guard_4_images": llama_guard_4_images, "torchax_merge": torchax_merge,
                       "one_buffer_misplaced": misplaced, "torchax_images": torchax_images,
+                      "budget_outputs": budget_outputs, "shared_budgets": shared_budgets,
                       "patch_buckets": patch_buckets, "host_types": sorted(types), "patched": patched}))
 
 

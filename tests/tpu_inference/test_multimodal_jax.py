@@ -24,15 +24,16 @@ import pytest
 from aotc.graphs import GraphSpec
 from aotc.matrix import hf_config, load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
+from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4, qwen3_vl
 from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 
 from .conftest import REPO, run_jax
 
 CONFIG = REPO / "configs" / "multimodal-jax.yaml"
-# Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4; Llama Guard 4; LLaVA
-ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA = load_matrix(CONFIG).entries
+# Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4; Llama Guard 4; LLaVA;
+# Qwen3-VL
+ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL = load_matrix(CONFIG).entries
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
@@ -250,8 +251,40 @@ def test_llava_plans_its_one_size_tower_and_the_image_step_per_token_bucket():
     assert not set(plan.families()) & {"vision_encoder", "vision_encoder_padded"}
 
 
+def test_qwen3_vl_plans_its_tower_per_token_budget_and_nothing_per_image():
+    """Qwen3-VL through torchax with cudagraph_mm_encoder: the warm-up's tower per token budget (its budgets tied to
+    vLLM's own derivation by test_plan_jax.py); beyond it per token bucket the image step's families, an image's
+    encoder output being its budget's rows; no encoder per image grid or size."""
+    plan = plan_entry(QWEN3_VL)
+    budgets = qwen3_vl.budgets(QWEN3_VL)
+    assert budgets == [64, 128]  # min(max_num_batched_tokens, max_model_len) = 128: two images share a budget
+    assert [g.key for g in plan.graphs if g.family == "mm_encoder_jit"] == [
+        GraphSpec.of("mm_encoder_jit", budget=b).key for b in budgets]
+    beyond = {g.key for g in plan.graphs if g.beyond_warmup}
+    expected = set()
+    for t in plan.buckets["token_paddings"]:
+        expected |= {GraphSpec.of(f, True, num_tokens=t).key for f in ("multimodal_mask", "empty_embedding_rows")}
+        expected |= {GraphSpec.of("place_encoder_rows", True, num_tokens=t, encoder_rows=b).key for b in budgets}
+    assert beyond == expected
+    assert not set(plan.families()) & {"image_encoder", "vision_encoder", "vision_encoder_padded"}
+    sent = QWEN3_VL.backend.traffic_images(QWEN3_VL, hf_config(QWEN3_VL))
+    assert len({tokens for _, _, tokens in sent}) >= 4  # a spread of sizes, each within the smallest budget
+
+
+@pytest.mark.parametrize("engine, reason", [
+    ({"compilation_config": {}}, "jitted per image grid"),
+    ({"limit_mm_per_prompt": {"image": 2}}, "not video"),
+    ({"compilation_config": {"cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [64, 256]}},
+     "as vLLM derives them"),
+    ({"mm_processor_kwargs": {"size": {"longest_edge": 512 * 512}}}, "more than the largest encoder budget")])
+def test_qwen3_vl_refuses_what_would_compile_per_image_or_the_plan_does_not_follow(engine, reason):
+    entry = dataclasses.replace(QWEN3_VL, engine={**QWEN3_VL.engine, **engine})
+    with pytest.raises(ValueError, match=reason):
+        plan_entry(entry)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL], ids=lambda e: e.name)
 def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry):
     artifact, report, _ = built[entry.name]
     expected = plan_entry(entry)
@@ -264,7 +297,7 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry
 
 @pytest.mark.slow
 @pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,)), (LLAMA_GUARD_4, (1,)),
-                                           (LLAVA, (1,))],
+                                           (LLAVA, (1,)), (QWEN3_VL, (1,))],
                          ids=lambda e: getattr(e, "name", ""))
 def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce, entry, seeds):
     """Every planned graph loads from the artifact and a fresh server compiles nothing under text and image
@@ -279,7 +312,7 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL], ids=lambda e: e.name)
 def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is

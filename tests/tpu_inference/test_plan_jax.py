@@ -11,7 +11,7 @@ from aotc.graphs import GraphSpec
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.spec import load_runner
-from aotc.runners.tpu_inference import buckets
+from aotc.runners.tpu_inference import buckets, qwen3_vl
 
 from .conftest import REPO, run_jax
 
@@ -234,10 +234,15 @@ def multimodal_sweep() -> list[dict]:
               for extra in ({}, {"vision_warmup_config": {"image_shapes": [[56, 56]]}})]
     # LLaVA through torchax: no encoder warm-up (the stack jits no LLaVA tower), the merger per token bucket
     cases += [{"seqs": 8, "tokens": 64, "extra": {}, "mm_kwargs": None, "entry": LLAVA}]
+    # Qwen3-VL through torchax with cudagraph_mm_encoder: the tower per token budget, budgets from one (the
+    # smallest, 64) up to powers of two and a last one off them
+    cases += [{"seqs": seqs, "tokens": tokens, "extra": {}, "mm_kwargs": None, "entry": QWEN3_VL}
+              for seqs, tokens in ((8, 128), (4, 100), (16, 512))]
     return cases
 
 
-GEMMA4, LLAMA_GUARD_4, LLAVA = 2, 3, 4  # configs/multimodal-jax.yaml's gemma4-vision, llama-guard-4 and llava
+# configs/multimodal-jax.yaml's gemma4-vision, llama-guard-4, llava and qwen3-vl
+GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL = 2, 3, 4, 5
 
 
 def multimodal_entry(case: dict):
@@ -256,6 +261,7 @@ def multimodal_capture_cases() -> list[dict]:
     for case in multimodal_sweep():
         entry = multimodal_entry(case)
         cases.append({"seqs": case["seqs"], "tokens": case["tokens"], "gap": 0, "dp": 1, "spec": None,
+                      "max_model_len": entry.max_model_len,
                       "async": buckets.async_scheduling(entry),
                       "multimodal": {"hf_config": hf_config(entry), "additional_config": case["extra"],
                                      "mm_processor_kwargs": case["mm_kwargs"]}})
@@ -301,9 +307,15 @@ def test_the_refusal_names_the_stacks_per_grid_tower_where_its_own_predicate_jit
 
     assert set(facts["grid_jitted_vision"]) == buckets.GRID_JITTED_VISION_ARCHITECTURES
     entry = load_matrix(MULTIMODAL).entries[0]
-    for architecture in sorted(buckets.GRID_JITTED_VISION_ARCHITECTURES):
+    for architecture in sorted(buckets.GRID_JITTED_VISION_ARCHITECTURES - {qwen3_vl.ARCHITECTURE}):
         with pytest.raises(ValueError, match="image grids as a static argument"):
             buckets.capture_plan(entry, {**hf_config(entry), "architectures": [architecture]})
+    # Qwen3-VL itself is planned with the stack's per-budget tower, and refused with the same reason without it
+    qwen3 = load_matrix(MULTIMODAL).entries[QWEN3_VL]
+    assert buckets.capture_plan(qwen3, hf_config(qwen3))
+    engine = {**qwen3.engine, "compilation_config": {}}
+    with pytest.raises(ValueError, match="jitted per image grid"):
+        buckets.capture_plan(type(qwen3)(**{**qwen3.to_dict(), "engine": engine}), hf_config(qwen3))
 
 
 @pytest.mark.parametrize("impl, tower, reason", [("flax_nnx", "clip_vision_model", "has no JAX"),

@@ -72,3 +72,10 @@ def test_llava_images_each_alone_equal_the_stacks_batch_and_other_vllm_models_ke
 
 def test_install_patches_once(compared):
     assert compared["patched"] and compared["cases"] == CASES
+
+
+def test_qwen3_vl_budget_outputs_kept_whole_give_the_buffer_the_stacks_slices_give(compared):
+    """Qwen3-VL's encoder batches packed into token budgets (one to three images a budget, padding after them):
+    the one buffer the fix gathers from each budget's whole output and its image's place in it equals what the
+    stack's gather and padding make of the rows its MMEncoderJITManager slices per image; some budgets are shared."""
+    assert compared["budget_outputs"] == [] and compared["shared_budgets"] > 0

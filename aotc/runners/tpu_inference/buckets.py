@@ -24,7 +24,7 @@ from aotc.matrix import Entry
 from aotc.runners import llava
 from aotc.runners.multimodal import image_step_graphs, is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
-from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
+from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4, qwen3_vl
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -35,12 +35,13 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
 # Vision-language architectures the plan follows: JAX models (tpu_inference/models/jax), and vLLM's on the torchax path
-TORCHAX_MULTIMODAL_ARCHITECTURES = frozenset({llava.ARCHITECTURE})
+TORCHAX_MULTIMODAL_ARCHITECTURES = frozenset({llava.ARCHITECTURE, qwen3_vl.ARCHITECTURE})
 PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration", gemma4_vision.ARCHITECTURE,
                                               llama_guard_4.ARCHITECTURE}) | TORCHAX_MULTIMODAL_ARCHITECTURES
 # vLLM models whose vision tower tpu-inference 0.32 jits with each encoder batch's image grids as a static argument
-# (models/vllm/experimental/vision_tower_jit.py: has_jittable_vision, GridTHW); a test derives this set from the
-# stack's own predicate over vLLM's registry
+# (models/vllm/experimental/vision_tower_jit.py: has_jittable_vision, GridTHW) unless cudagraph_mm_encoder runs it
+# per token budget (planned for Qwen3-VL: qwen3_vl.py); a test derives this set from the stack's own predicate
+# over vLLM's registry
 GRID_JITTED_VISION_ARCHITECTURES = frozenset({
     "Qwen3OmniMoeForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Cosmos3ForConditionalGeneration",
@@ -196,6 +197,10 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
         gemma4_vision.check(entry)
     if llama_guard_4.is_llama_guard_4(hf_config):
         llama_guard_4.check(entry, hf_config)
+    if qwen3_vl.is_qwen3_vl(hf_config):
+        largest = image_max_patches(entry, hf_config)
+        qwen3_vl.check(entry, None if largest is None
+                       else largest // hf_config["vision_config"].get("spatial_merge_size", 2) ** 2)
 
 
 def unplanned_reason(architectures: set[str]) -> str:
@@ -209,10 +214,12 @@ def unplanned_reason(architectures: set[str]) -> str:
 
 
 def check_torchax_multimodal(entry: Entry, hf_config: dict, impl: str) -> None:
-    """LLaVA runs as vLLM's model (tpu-inference has no JAX LLaVA: auto resolves to vllm). Its images are one
-    size (a CLIP or SigLIP tower); a Pixtral tower takes images of any size, which the plan does not follow."""
+    """LLaVA and Qwen3-VL run as vLLM's model (tpu-inference has no JAX model for either: auto resolves to vllm).
+    LLaVA's images are one size (a CLIP or SigLIP tower); a Pixtral tower takes images of any size, which the plan
+    does not follow."""
     if impl not in ("auto", "vllm"):
-        raise ValueError(f"{entry.name}: tpu-inference 0.32 has no JAX {llava.ARCHITECTURE}; it serves LLaVA as vLLM's "
+        architecture = ", ".join(sorted(set(hf_config.get("architectures") or []) & TORCHAX_MULTIMODAL_ARCHITECTURES))
+        raise ValueError(f"{entry.name}: tpu-inference 0.32 has no JAX {architecture}; it serves it as vLLM's "
                          "model through torchax (MODEL_IMPL_TYPE auto or vllm)")
     if hf_config["vision_config"].get("model_type") == "pixtral":
         raise ValueError(f"{entry.name}: the tpu-inference plan covers LLaVA with a one-size tower (CLIP, SigLIP), not "
@@ -329,6 +336,7 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
     extra = additional_config(entry)
     shapes = ((extra.get("vision_warmup_config") or {}).get("image_shapes")
               or (DYNAMIC_IMAGE_SHAPES + _large_images(entry, hf_config) if extra.get("enable_dynamic_image_sizes")
+                  else DYNAMIC_IMAGE_SHAPES if qwen3_vl.is_qwen3_vl(hf_config)  # any size: its tower runs per budget
                   else DEFAULT_IMAGE_SHAPES))
     sides = [(max(1, round(h / factor)), max(1, round(w / factor))) for h, w in shapes]
     return tuple((h * factor, w * factor, h * w) for h, w in sides)
@@ -348,8 +356,9 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
     last attention request bucket: _precompile_backbone_with_inputs_embeds calls the helper after that loop);
     then what a step with images runs beyond the warm-up, per architecture."""
     gemma4, llama_guard = gemma4_vision.is_gemma4_vision(hf_config), llama_guard_4.is_llama_guard_4(hf_config)
+    qwen3 = qwen3_vl.is_qwen3_vl(hf_config)
     graphs = ([] if gemma4 or llava.is_llava(hf_config) else llama_guard_4.warmup_graphs(entry) if llama_guard
-              else vision_encoder_graphs(entry, hf_config))
+              else qwen3_vl.warmup_graphs(entry) if qwen3 else vision_encoder_graphs(entry, hf_config))
     for t in p["tokens"]:
         graphs += [GraphSpec.of("input_embeddings_merger", num_tokens=t),
                    GraphSpec.of("input_embeddings_merger_text_only", num_tokens=t)]
@@ -360,6 +369,8 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
         return graphs + llama_guard_4.step_graphs(entry, hf_config, p["tokens"])
     if llava.is_llava(hf_config):
         return graphs + llava_step_graphs(hf_config, p["tokens"])
+    if qwen3:
+        return graphs + qwen3_vl.step_graphs(entry, p["tokens"])
     return graphs + multimodal_step_graphs(entry, hf_config, p)
 
 

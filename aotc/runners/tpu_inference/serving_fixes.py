@@ -45,6 +45,13 @@ it replaces by tests/tpu_inference/test_serving_fixes_jax.py. For Qwen2.5-VL (tp
   alone (one pixel shape: the processor resizes every image to the tower's size). Other vLLM multimodal
   models keep the stack's own functions and gather_mm_embeddings' own pieces: vLLM's merge, run eagerly under
   torchax, writes a buffer as long as the step row for row (buffer row i to position i), misplacing its rows.
+* Qwen3-VL (vLLM's PyTorch model on the torchax path, with cudagraph_mm_encoder): the stack's
+  MMEncoderJITManager runs the tower once per token budget, then slices each image's rows off the budget's
+  output on the device (a compile per image token count and place in the batch); its wrapper runs
+  embed_input_ids unjitted (text embedding, deepstack split, merge and deepstack packing as eager ops). The fix
+  keeps each budget output whole with the image's place in it (WholeEncoderOutput.start), and jits
+  embed_input_ids as for LLaVA: Qwen3-VL's module keeps the stack's merge (a gather of the rows in order), and
+  each trace starts with no deepstack rows kept on the model and leaves none behind.
 * The vision warm-up (precompile_vision_encoder) makes its dummy pixels with vLLM's torch dtype, which jnp
   refuses at start-up; it runs with the JAX dtype the model was built with.
 """
@@ -62,8 +69,11 @@ GEMMA4_MM = "tpu_inference.models.jax.gemma4_mm"
 LLAMA_GUARD_4 = "tpu_inference.models.jax.llama_guard_4"
 MULTIMODAL_MANAGER = "tpu_inference.runner.multimodal_manager"
 VLLM_MODEL_WRAPPER = "tpu_inference.models.vllm.vllm_model_wrapper"
-# vLLM models on the torchax path whose image steps the fixes jit (planned by aotc/runners/tpu_inference/buckets.py)
-JITTED_TORCHAX_MODELS = frozenset({"LlavaForConditionalGeneration"})
+MM_ENCODER_JIT_MANAGER = "tpu_inference.runner.mm_encoder_jit_manager"
+# vLLM models on the torchax path whose image steps the fixes jit (planned by aotc/runners/tpu_inference/buckets.py):
+# LLaVA's tower and merge; Qwen3-VL's merge (its tower runs through the stack's MMEncoderJITManager)
+JITTED_TORCHAX_TOWERS = frozenset({"LlavaForConditionalGeneration"})
+JITTED_TORCHAX_MERGES = JITTED_TORCHAX_TOWERS | {"Qwen3VLForConditionalGeneration"}
 # set False on an embed_input_ids_fn whose merge needs gather_mm_embeddings' own pieces
 TAKES_ONE_BUFFER = "_aotc_takes_one_buffer"
 INSTALLED = "_aotc_serving_fix"
@@ -77,6 +87,7 @@ def install() -> None:
     when_imported(LLAMA_GUARD_4, _fix_llama_guard_4)
     when_imported(MULTIMODAL_MANAGER, _fix_multimodal_manager)
     when_imported(VLLM_MODEL_WRAPPER, _fix_vllm_model_wrapper)
+    when_imported(MM_ENCODER_JIT_MANAGER, _fix_mm_encoder_jit_manager)
 
 
 def _fix_qwen2_5_vl(module) -> None:
@@ -103,6 +114,10 @@ def _fix_vllm_model_wrapper(module) -> None:
     _wrap_once(module, maybe_jit_embed_multimodal_func=_jit_planned_towers)
     _wrap_once(module.VllmModelWrapper, wrap_embed_multimodal_func=_each_image_through_the_jitted_tower,
                wrap_embed_input_ids_func=_merged_in_one_jit)
+
+
+def _fix_mm_encoder_jit_manager(module) -> None:
+    _wrap_once(module._TorchaxEncoderModelAdapter, postprocess_encoder_output=lambda _: _whole_budget_outputs)
 
 
 def _wrap_once(owner, **wrappers) -> None:
@@ -193,12 +208,13 @@ def _each_image_alone_on_host(process):
 @dataclass(frozen=True)
 class WholeEncoderOutput:
     """An image's encoder output as a jitted encoder returns it, not sliced on the device: padded to its patch
-    bucket (Qwen2.5-VL with dynamic sizes) or one row of tokens a tile, (tiles, tokens_per_tile, width) (Llama
-    Guard 4). Flattened to (rows, width), as place_encoder_rows does inside its jit, the first `count` rows are
-    the image's."""
+    bucket (Qwen2.5-VL with dynamic sizes), one row of tokens a tile, (tiles, tokens_per_tile, width) (Llama
+    Guard 4), or a token budget's shared by the images packed into it (Qwen3-VL). Flattened to (rows, width), as
+    place_encoder_rows does inside its jit, the `count` rows from `start` are the image's."""
 
     array: Any
     count: int
+    start: int = 0
 
     ndim = 2  # an embedding as the runner's sanity check sees it: (count, width)
 
@@ -245,10 +261,16 @@ def _each_image_by_its_tiles(embed):
 # --- vLLM's PyTorch models through torchax ---------------------------------------------------------------
 
 
-def jitted_torchax_model(vllm_model) -> bool:
-    """A vLLM model whose image steps the fixes jit: LLaVA with a fixed-size tower (not Pixtral's)."""
-    return (type(vllm_model).__name__ in JITTED_TORCHAX_MODELS
+def jitted_torchax_tower(vllm_model) -> bool:
+    """A vLLM model whose tower the fixes jit: LLaVA with a fixed-size tower (not Pixtral's)."""
+    return (type(vllm_model).__name__ in JITTED_TORCHAX_TOWERS
             and getattr(vllm_model.config.vision_config, "model_type", None) != "pixtral")
+
+
+def jitted_torchax_merge(vllm_model) -> bool:
+    """A vLLM model whose embed_input_ids the fixes jit whole, taking the step's one buffer."""
+    name = type(vllm_model).__name__
+    return jitted_torchax_tower(vllm_model) or name in JITTED_TORCHAX_MERGES - JITTED_TORCHAX_TOWERS
 
 
 @functools.cache
@@ -261,7 +283,7 @@ def _jit(function):
 def _jit_planned_towers(maybe_jit):
     @functools.wraps(maybe_jit)
     def jit_planned_towers(embed_multimodal_func_jax, vllm_model):
-        if jitted_torchax_model(vllm_model):
+        if jitted_torchax_tower(vllm_model):
             return _jit(embed_multimodal_func_jax)
         return maybe_jit(embed_multimodal_func_jax, vllm_model)
 
@@ -272,7 +294,7 @@ def _each_image_through_the_jitted_tower(wrap):
     @functools.wraps(wrap)
     def wrap_each_image(wrapper):
         embed = wrap(wrapper)
-        if embed is None or not jitted_torchax_model(wrapper.model.vllm_model):
+        if embed is None or not jitted_torchax_tower(wrapper.model.vllm_model):
             return embed
 
         @functools.wraps(embed)
@@ -296,7 +318,8 @@ def _merged_in_one_jit(wrap):
         embed = wrap(wrapper)
         if embed is None:
             return embed
-        if not jitted_torchax_model(wrapper.model.vllm_model):
+        vllm_model = wrapper.model.vllm_model
+        if not jitted_torchax_merge(vllm_model):
             setattr(embed, TAKES_ONE_BUFFER, False)
             return embed
         import jax
@@ -304,13 +327,38 @@ def _merged_in_one_jit(wrap):
 
         @functools.wraps(embed)
         def embed_input_ids_in_order(params_and_buffers, input_ids, mm_embeds=None, *, is_multimodal=None):
-            # traced once per token bucket: vLLM's merge is swapped while the trace runs
-            with attribute_set(vllm_model_utils, "_merge_multimodal_embeddings", merge_rows_in_order):
+            # traced once per token bucket: vLLM's merge is swapped while the trace runs (Qwen3-VL's module holds
+            # the stack's own merge, a gather of the rows in order already); the stack's Qwen3-VL patches keep
+            # the step's deepstack rows on the model, so each trace starts from none and leaves no tracer behind
+            with (attribute_set(vllm_model_utils, "_merge_multimodal_embeddings", merge_rows_in_order),
+                  _no_deepstack_rows_kept(vllm_model)):
                 return embed(params_and_buffers, input_ids, mm_embeds, is_multimodal=is_multimodal)
 
         return jax.jit(embed_input_ids_in_order)
 
     return wrap_in_one_jit
+
+
+@contextlib.contextmanager
+def _no_deepstack_rows_kept(vllm_model):
+    if not hasattr(vllm_model, "_deepstack_tensors"):
+        yield
+        return
+    with attribute_set(vllm_model, "_deepstack_tensors", {}):
+        yield
+
+
+def _whole_budget_outputs(adapter, output, indices, per_item_out_tokens, dest, clone=False, batch_mm_kwargs=None):
+    """The stack's postprocess of a token budget's encoder output slices each image's rows on the device, a
+    compile per image size and place in the batch; each image keeps the budget's output whole with its rows'
+    place in it, and place_encoder_rows takes them from there (keyed by the budget)."""
+    if isinstance(output, dict):
+        output = output["default"]
+    offset = 0
+    for index in indices:
+        count = per_item_out_tokens[index]
+        dest[index] = WholeEncoderOutput(output, count, offset)
+        offset += count
 
 
 def merge_rows_in_order(inputs_embeds, multimodal_embeddings, is_multimodal):
@@ -505,21 +553,22 @@ class RowRange:
 
 @dataclass(frozen=True)
 class EncoderRows:
-    """An encoder output's first `rows` rows (all of them, or a padded output's image rows)."""
+    """An encoder output's `rows` rows from `start` (all of them, or a padded output's image rows)."""
 
     array: Any
     rows: int
+    start: int = 0
 
     @classmethod
     def of(cls, output) -> EncoderRows:
         if isinstance(output, WholeEncoderOutput):
-            return cls(output.array, output.count)
+            return cls(output.array, output.count, output.start)
         return cls(output, output.shape[0])
 
     def __getitem__(self, rows: slice) -> RowRange:
         start, stop, step = rows.indices(self.rows)
         assert step == 1, "encoder rows are taken in order"
-        return RowRange(self.array, start, stop - start)
+        return RowRange(self.array, self.start + start, stop - start)
 
 
 class EncoderRowsView:
