@@ -382,7 +382,26 @@ def check_torchax_images(rng, cases, fixes) -> list:
             and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(qwen3_vl), "lower"))
     if not kept:
         mismatches.append({"case": "which models the fixes jit"})
+    if not deepstack_rows_left_behind_by_no_trace(fixes, qwen3_vl):
+        mismatches.append({"case": "Qwen3-VL deepstack rows kept across traces"})
     return mismatches
+
+
+def deepstack_rows_left_behind_by_no_trace(fixes, wrapper) -> bool:
+    """The stack's Qwen3-VL patches keep a step's deepstack rows on the model and pack whatever is there: the fix's
+    jitted embed_input_ids traces from none (not an earlier step's) and leaves none behind (no tracer outlives its
+    trace)."""
+    model, seen = wrapper.model.vllm_model, []
+    model.use_deepstack, model._deepstack_tensors = True, {"deepstack_input_embeds_0": "an earlier step's rows"}
+
+    def keeps_rows(params_and_buffers, input_ids, mm_embeds=None, *, is_multimodal=None):
+        seen.append(dict(model._deepstack_tensors))
+        model._deepstack_tensors["deepstack_input_embeds_0"] = input_ids  # what _patched_set_deepstack does
+        return input_ids
+
+    embed = fixes._merged_in_one_jit(lambda _: keeps_rows)(wrapper)
+    embed(None, jnp.zeros(4, jnp.int32))
+    return seen == [{}] and model._deepstack_tensors == {}
 
 
 def budget_batches(rng, cache: dict) -> list[tuple[list[str], int]]:

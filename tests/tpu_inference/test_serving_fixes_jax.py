@@ -66,7 +66,9 @@ def test_llava_merge_in_order_equals_vllms_and_takes_the_one_buffer_under_jit(co
 
 def test_llava_images_each_alone_equal_the_stacks_batch_and_other_vllm_models_keep_the_stacks(compared):
     """Encoder batches of one to four images: each image's rows through the fix equal the batch's, as the runner
-    takes them; a vLLM model other than LLaVA keeps the stack's unjitted functions and gather's own pieces."""
+    takes them; a vLLM model other than LLaVA and Qwen3-VL keeps the stack's unjitted functions and gather's own
+    pieces, Qwen3-VL its tower; Qwen3-VL's jitted embedding traces with no deepstack rows of an earlier step and
+    leaves none behind."""
     assert compared["torchax_images"] == []
 
 

@@ -341,11 +341,17 @@ def _merged_in_one_jit(wrap):
 
 @contextlib.contextmanager
 def _no_deepstack_rows_kept(vllm_model):
-    if not hasattr(vllm_model, "_deepstack_tensors"):
+    """The stack's Qwen3-VL patches keep a step's deepstack rows on the model (`_deepstack_tensors`, set on its
+    first image step) and pack whatever is there into the next embedding: a trace starts from none, and leaves
+    none behind (a tracer kept there would outlive its trace)."""
+    if not getattr(vllm_model, "use_deepstack", False):
         yield
         return
-    with attribute_set(vllm_model, "_deepstack_tensors", {}):
+    vllm_model._deepstack_tensors = {}
+    try:
         yield
+    finally:
+        vllm_model._deepstack_tensors = {}
 
 
 def _whole_budget_outputs(adapter, output, indices, per_item_out_tokens, dest, clone=False, batch_mm_kwargs=None):
