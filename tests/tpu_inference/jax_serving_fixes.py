@@ -260,21 +260,25 @@ def gather_call(rng, mesh):
     return rows, scheduled, cache, manager, (output, rows, ids, rows)
 
 
+def same_buffer(ours, theirs, rows: int, flatten_pad) -> bool:
+    """The fix's gather (one buffer, the mask) equals the stack's (its pieces flattened and padded to the step's
+    rows, the mask), or both gathered nothing."""
+    (buffers, mask), (their_pieces, their_mask) = ours, theirs
+    if their_pieces is None:
+        return buffers is None and mask is None
+    padded = flatten_pad(their_pieces, target_pad_len=rows)
+    return (len(buffers) == 1 and same_array(np.asarray(buffers[0]), padded)
+            and np.array_equal(np.asarray(mask), np.asarray(their_mask)))
+
+
 def check_gather(rng, cases, fixes, gather, flatten_pad) -> tuple[list, int]:
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)  # as the runner's
     ours_gather, mismatches, pieces = fixes._into_one_buffer(gather), [], 0
     for case in range(cases):
         rows, scheduled, cache, manager, args = gather_call(rng, mesh)
         their_pieces, their_mask = gather(manager, *args)
-        ours, mask = ours_gather(manager, *args)
-        if their_pieces is None:
-            same = ours is None and mask is None
-        else:
-            pieces += len(their_pieces)
-            theirs = flatten_pad(their_pieces, target_pad_len=rows)
-            same = (len(ours) == 1 and ours[0].shape == theirs.shape and ours[0].dtype == theirs.dtype
-                    and np.array_equal(np.asarray(ours[0]), np.asarray(theirs))
-                    and np.array_equal(np.asarray(mask), np.asarray(their_mask)))
+        pieces += len(their_pieces or [])
+        same = same_buffer(ours_gather(manager, *args), (their_pieces, their_mask), rows, flatten_pad)
         if not same or manager.runner.encoder_cache is not cache:
             mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
     return mismatches, pieces
@@ -437,14 +441,7 @@ def check_budget_outputs(rng, cases, fixes, gather, flatten_pad, stack_postproce
         manager.runner.encoder_cache = theirs_cache
         their_pieces, their_mask = gather(manager, *args)
         manager.runner.encoder_cache = ours_cache
-        ours, mask = ours_gather(manager, *args)
-        if their_pieces is None:
-            same = ours is None and mask is None
-        else:
-            theirs = flatten_pad(their_pieces, target_pad_len=rows)
-            same = (len(ours) == 1 and same_array(np.asarray(ours[0]), theirs)
-                    and np.array_equal(np.asarray(mask), np.asarray(their_mask)))
-        if not same:
+        if not same_buffer(ours_gather(manager, *args), (their_pieces, their_mask), rows, flatten_pad):
             mismatches.append({"case": case, "rows": rows, "scheduled": scheduled})
     return mismatches, shared
 

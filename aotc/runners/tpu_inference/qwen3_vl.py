@@ -43,9 +43,10 @@ def check(entry: Entry, largest_image_tokens: int | None) -> None:
         raise ValueError(f"{entry.name}: the plan needs Qwen3-VL's largest image (its preprocessor_config.json "
                          "size.longest_edge, or mm_processor_kwargs): images above the largest encoder budget "
                          "run the tower eagerly, compiling per image")
-    if largest_image_tokens > max(budgets(entry)):
+    largest_budget = budgets(entry)[-1]
+    if largest_image_tokens > largest_budget:
         raise ValueError(f"{entry.name}: an image can take {largest_image_tokens} tokens, more than the largest "
-                         f"encoder budget ({max(budgets(entry))}, min(max_num_batched_tokens, max_model_len)): "
+                         f"encoder budget ({largest_budget}, min(max_num_batched_tokens, max_model_len)): "
                          "tpu-inference runs such an image's tower eagerly, compiling per image size; bound "
                          "the images (mm_processor_kwargs size.longest_edge) or raise max_num_batched_tokens")
 

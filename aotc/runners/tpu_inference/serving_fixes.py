@@ -71,9 +71,9 @@ MULTIMODAL_MANAGER = "tpu_inference.runner.multimodal_manager"
 VLLM_MODEL_WRAPPER = "tpu_inference.models.vllm.vllm_model_wrapper"
 MM_ENCODER_JIT_MANAGER = "tpu_inference.runner.mm_encoder_jit_manager"
 # vLLM models on the torchax path whose image steps the fixes jit (planned by aotc/runners/tpu_inference/buckets.py):
-# LLaVA's tower and merge; Qwen3-VL's merge (its tower runs through the stack's MMEncoderJITManager)
+# LLaVA's tower and merge; Qwen3-VL's merge alone (its tower runs through the stack's MMEncoderJITManager)
 JITTED_TORCHAX_TOWERS = frozenset({"LlavaForConditionalGeneration"})
-JITTED_TORCHAX_MERGES = JITTED_TORCHAX_TOWERS | {"Qwen3VLForConditionalGeneration"}
+JITTED_TORCHAX_MERGES_ONLY = frozenset({"Qwen3VLForConditionalGeneration"})
 # set False on an embed_input_ids_fn whose merge needs gather_mm_embeddings' own pieces
 TAKES_ONE_BUFFER = "_aotc_takes_one_buffer"
 INSTALLED = "_aotc_serving_fix"
@@ -269,8 +269,7 @@ def jitted_torchax_tower(vllm_model) -> bool:
 
 def jitted_torchax_merge(vllm_model) -> bool:
     """A vLLM model whose embed_input_ids the fixes jit whole, taking the step's one buffer."""
-    name = type(vllm_model).__name__
-    return jitted_torchax_tower(vllm_model) or name in JITTED_TORCHAX_MERGES - JITTED_TORCHAX_TOWERS
+    return jitted_torchax_tower(vllm_model) or type(vllm_model).__name__ in JITTED_TORCHAX_MERGES_ONLY
 
 
 @functools.cache
