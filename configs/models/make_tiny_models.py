@@ -13,6 +13,7 @@ committed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
@@ -162,6 +163,25 @@ class VisionModel:
     named_tokens: dict[str, str] | None = None  # the tokenizer's named special tokens (tokenizer.image_token ...)
 
 
+# Qwen3-VL: a Qwen3 text model with interleaved M-RoPE, a 2-block tower over 16-pixel patches whose block 0
+# also feeds the text model's first layer (deepstack); images of 64 x 64 .. 128 x 128 pixels, 4 .. 16 tokens.
+QWEN3_VL = VisionModel(
+    config={"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+            "image_token_id": 514, "video_token_id": 515, "vision_start_token_id": 512, "vision_end_token_id": 513,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "text_config": {**COMMON, "model_type": "qwen3_vl_text", "vocab_size": 528, "attention_bias": False,
+                            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                             "mrope_interleaved": True}},
+            "vision_config": {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+                              "num_heads": 2, "out_hidden_size": 64, "in_channels": 3,
+                              "patch_size": QWEN3_VL_PATCH, "spatial_merge_size": MERGE,
+                              "temporal_patch_size": TEMPORAL, "num_position_embeddings": 64,
+                              "deepstack_visual_indexes": [0], "hidden_act": "gelu_pytorch_tanh"}},
+    tokens={"<|vision_start|>": 512, "<|vision_end|>": 513, "<|image_pad|>": 514, "<|video_pad|>": 515},
+    preprocessor={"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+                  "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128}, "patch_size": QWEN3_VL_PATCH,
+                  "merge_size": MERGE, "temporal_patch_size": TEMPORAL, "do_resize": True, **NORMALIZE})
+
 VISION_ZOO: dict[str, VisionModel] = {
     "tiny-qwen2_5-vl": VisionModel(
         config={"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
@@ -180,24 +200,13 @@ VISION_ZOO: dict[str, VisionModel] = {
         preprocessor={"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
                       "min_pixels": 56 * 56, "max_pixels": 112 * 112, "patch_size": PATCH, "merge_size": MERGE,
                       "temporal_patch_size": TEMPORAL, "do_resize": True, **NORMALIZE}),
-    # Qwen3-VL: a Qwen3 text model with interleaved M-RoPE, a 2-block tower over 16-pixel patches whose block 0
-    # also feeds the text model's first layer (deepstack); images of 64 x 64 .. 128 x 128 pixels, 4 .. 16 tokens.
-    "tiny-qwen3-vl": VisionModel(
-        config={"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
-                "image_token_id": 514, "video_token_id": 515, "vision_start_token_id": 512, "vision_end_token_id": 513,
-                "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-                "text_config": {**COMMON, "model_type": "qwen3_vl_text", "vocab_size": 528, "attention_bias": False,
-                                "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
-                                                 "mrope_interleaved": True}},
-                "vision_config": {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
-                                  "num_heads": 2, "out_hidden_size": 64, "in_channels": 3,
-                                  "patch_size": QWEN3_VL_PATCH, "spatial_merge_size": MERGE,
-                                  "temporal_patch_size": TEMPORAL, "num_position_embeddings": 64,
-                                  "deepstack_visual_indexes": [0], "hidden_act": "gelu_pytorch_tanh"}},
-        tokens={"<|vision_start|>": 512, "<|vision_end|>": 513, "<|image_pad|>": 514, "<|video_pad|>": 515},
-        preprocessor={"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
-                      "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128}, "patch_size": QWEN3_VL_PATCH,
-                      "merge_size": MERGE, "temporal_patch_size": TEMPORAL, "do_resize": True, **NORMALIZE}),
+    "tiny-qwen3-vl": QWEN3_VL,
+    # Qwen3-VL MoE (as Qwen3-VL-30B-A3B): Qwen3-VL's tower and processor over a Qwen3-MoE text model.
+    "tiny-qwen3-vl-moe": dataclasses.replace(QWEN3_VL, config={
+        **QWEN3_VL.config, "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+        "text_config": {**QWEN3_VL.config["text_config"], "model_type": "qwen3_vl_moe_text", **MOE,
+                        "decoder_sparse_step": 1, "mlp_only_layers": []},
+        "vision_config": {**QWEN3_VL.config["vision_config"], "model_type": "qwen3_vl_moe_vision"}}),
     "tiny-llava": VisionModel(
         config={"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
                 "image_token_index": 512, "projector_hidden_act": "gelu", "vision_feature_layer": -2,

@@ -35,7 +35,8 @@ from tpu_inference.runner.tpu_runner import TPUModelRunner  # noqa: E402
 from aotc.runners.tpu_inference.instrument import call_signature  # noqa: E402
 
 HIDDEN, VOCAB = 64, 256
-MROPE_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
+QWEN3_VL_ARCHITECTURES = ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+MROPE_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", *QWEN3_VL_ARCHITECTURES)
 
 
 def recorder(calls):
@@ -66,8 +67,8 @@ def vision_encoder_precompile(multimodal: dict, vllm_config: SimpleNamespace):
 
         model = LlavaForConditionalGeneration.__new__(LlavaForConditionalGeneration)  # its class is what is read
         return maybe_precompile_vision_encoder_fn(None, lambda *args, **kwargs: None, model, vllm_config)
-    if architecture(multimodal) == "Qwen3VLForConditionalGeneration":
-        return qwen3_vl_encoder_precompile(vllm_config)
+    if architecture(multimodal) in QWEN3_VL_ARCHITECTURES:
+        return qwen3_vl_encoder_precompile(architecture(multimodal), vllm_config)
     if architecture(multimodal) == "Gemma4ForConditionalGeneration":
         from tpu_inference.models.jax.gemma4_mm import Gemma4ForConditionalGeneration
 
@@ -87,16 +88,19 @@ def vision_encoder_precompile(multimodal: dict, vllm_config: SimpleNamespace):
                                                                                                run_compilation)
 
 
-def qwen3_vl_encoder_precompile(vllm_config: SimpleNamespace):
-    """What tpu-inference's VllmModelWrapper hands the runner for Qwen3-VL with cudagraph_mm_encoder: its
-    MMEncoderJITManager's precompile_vision_encoder, the budgets derived by vLLM's EncoderCudaGraphManager from
-    the compilation config's defaults and Qwen3-VL's own budget range and encoder config (the real class's methods
-    on a stand-in model whose capture inputs are empty: nothing is captured)."""
+def qwen3_vl_encoder_precompile(architecture_name: str, vllm_config: SimpleNamespace):
+    """What tpu-inference's VllmModelWrapper hands the runner for Qwen3-VL (or Qwen3-VL MoE) with
+    cudagraph_mm_encoder: its MMEncoderJITManager's precompile_vision_encoder, the budgets derived by vLLM's
+    EncoderCudaGraphManager from the compilation config's defaults and the model's own budget range and encoder
+    config (the real class's methods, as vLLM's registry resolves the architecture, on a stand-in model whose
+    capture inputs are empty: nothing is captured)."""
     import functools
 
     from tpu_inference.runner.mm_encoder_jit_manager import MMEncoderJITManager
     from vllm.config import CompilationConfig
-    from vllm.model_executor.models.qwen3_vl import Qwen3VLForConditionalGeneration as Qwen3VL
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    model_class = ModelRegistry._try_load_model_cls(architecture_name)
 
     defaults = CompilationConfig()
     for knob in ("encoder_cudagraph_token_budgets", "encoder_cudagraph_max_vision_items_per_batch",
@@ -111,7 +115,7 @@ def qwen3_vl_encoder_precompile(vllm_config: SimpleNamespace):
                             get_max_frames_per_video=lambda: 1,
                             prepare_encoder_cudagraph_capture_inputs=lambda *args: SimpleNamespace(values={}))
     for method in ("get_encoder_cudagraph_config", "get_encoder_cudagraph_budget_range"):
-        setattr(model, method, functools.partial(getattr(Qwen3VL, method), model))
+        setattr(model, method, functools.partial(getattr(model_class, method), model))
     return MMEncoderJITManager(vllm_config, None, model, None).precompile_vision_encoder
 
 

@@ -150,7 +150,29 @@ def grid_jitted_vision_architectures() -> list[str]:
             return sorted(found)
 
 
+def qwen3_vl_overrides(architectures: list[str]) -> dict[str, list[str]]:
+    """For each of these architectures whose vLLM class subclasses Qwen3-VL's (which the stack's qwen3_vl_patcher
+    patches by isinstance): the methods of Qwen3-VL's class it defines anew."""
+    import importlib
+    import inspect
+
+    from tpu_inference.models.vllm.experimental.qwen3_vl_patcher import Qwen3VLForConditionalGeneration as Qwen3VL
+    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS, _resolve_module_name
+
+    overrides = {}
+    for arch in architectures:
+        module, class_name = _MULTIMODAL_MODELS[arch]
+        cls = getattr(importlib.import_module(_resolve_module_name(module)), class_name)
+        if issubclass(cls, Qwen3VL):
+            overrides[arch] = sorted(name for name in dir(Qwen3VL) if callable(getattr(Qwen3VL, name))
+                                     and not name.startswith("__")
+                                     and inspect.getattr_static(cls, name) is not inspect.getattr_static(Qwen3VL, name))
+    return overrides
+
+
+grid_jitted_vision = grid_jitted_vision_architectures()
 print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(),
                   "attention_error_hd64": attention_error(hd64=True), "mla_attention_error": mla_attention_error(),
-                  "scheduler": scheduler, "grid_jitted_vision": grid_jitted_vision_architectures(),
+                  "scheduler": scheduler, "grid_jitted_vision": grid_jitted_vision,
+                  "qwen3_vl_overrides": qwen3_vl_overrides(grid_jitted_vision),
                   "quantizations": list(TpuPlatform.supported_quantization)}))

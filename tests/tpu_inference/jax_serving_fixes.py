@@ -343,6 +343,10 @@ class Qwen3VLForConditionalGeneration:
     config = SimpleNamespace(vision_config=SimpleNamespace(model_type="qwen3_vl"))
 
 
+class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
+    """A stand-in of Qwen3-VL MoE's vLLM model (a subclass of Qwen3-VL's that changes its text model only)."""
+
+
 def batch_tower(params_and_buffers, modality=None, **kwargs):
     """The stack's embed_multimodal_fn on the torchax path, stood in: each image's rows (2 x 2 pixels, 2 rows of 6)
     depend on its own pixels alone, the batch's embeddings one (images, tokens, width) array."""
@@ -357,7 +361,8 @@ def check_torchax_images(rng, cases, fixes) -> list:
     the fixes do not jit keeps the stack's functions (its embed_input_ids marked to keep its pieces)."""
     llava = SimpleNamespace(model=SimpleNamespace(vllm_model=LlavaForConditionalGeneration()))
     other = SimpleNamespace(model=SimpleNamespace(vllm_model=SimpleNamespace(config=llava.model.vllm_model.config)))
-    qwen3_vl = SimpleNamespace(model=SimpleNamespace(vllm_model=Qwen3VLForConditionalGeneration()))
+    qwen3_vl, qwen3_vl_moe = (SimpleNamespace(model=SimpleNamespace(vllm_model=cls())) for cls in (
+        Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration))
     encode = fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(llava)
     mismatches = []
     for case in range(cases):
@@ -380,10 +385,11 @@ def check_torchax_images(rng, cases, fixes) -> list:
             and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, other.model.vllm_model) == "stack's"
             and hasattr(fixes._jit_planned_towers(lambda fn, model: None)(batch_tower, llava.model.vllm_model), "lower")
             and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(llava), "lower")
-            and fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(qwen3_vl) is batch_tower
-            and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, qwen3_vl.model.vllm_model)
-            == "stack's"
-            and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(qwen3_vl), "lower"))
+            and all(fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(qwen3) is batch_tower
+                    and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, qwen3.model.vllm_model)
+                    == "stack's"
+                    and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(qwen3), "lower")
+                    for qwen3 in (qwen3_vl, qwen3_vl_moe)))
     if not kept:
         mismatches.append({"case": "which models the fixes jit"})
     if not deepstack_rows_left_behind_by_no_trace(fixes, qwen3_vl):

@@ -32,8 +32,9 @@ from .conftest import REPO, run_jax
 
 CONFIG = REPO / "configs" / "multimodal-jax.yaml"
 # Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4; Llama Guard 4; LLaVA;
-# Qwen3-VL
-ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL = load_matrix(CONFIG).entries
+# Qwen3-VL; Qwen3-VL MoE
+ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL, QWEN3_VL_MOE = load_matrix(CONFIG).entries
+EVERY_ENTRY = [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL, QWEN3_VL_MOE]
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
@@ -271,6 +272,17 @@ def test_qwen3_vl_plans_its_tower_per_token_budget_and_nothing_per_image():
     assert len({tokens for _, _, tokens in sent}) >= 4  # a spread of sizes, each within the smallest budget
 
 
+def test_qwen3_vl_moe_plans_what_qwen3_vl_does_at_its_shapes():
+    """Qwen3-VL MoE differs from Qwen3-VL in its text model only, whose experts run inside the backbone's graphs
+    (tpu-inference's fused MoE): its plan is Qwen3-VL's at the same step and length, one budget at a 64-token
+    step."""
+    dense = dataclasses.replace(QWEN3_VL, max_model_len=QWEN3_VL_MOE.max_model_len,
+                                max_num_batched_tokens=QWEN3_VL_MOE.max_num_batched_tokens)
+    assert [g.key for g in plan_entry(QWEN3_VL_MOE).graphs] == [g.key for g in plan_entry(dense).graphs]
+    assert qwen3_vl.budgets(QWEN3_VL_MOE) == [64]
+    assert hf_config(QWEN3_VL_MOE)["text_config"]["num_experts"] > 1
+
+
 @pytest.mark.parametrize("engine, reason", [
     ({"compilation_config": {}}, "jitted per image grid"),
     ({"limit_mm_per_prompt": {"image": 2}}, "not video"),
@@ -284,7 +296,7 @@ def test_qwen3_vl_refuses_what_would_compile_per_image_or_the_plan_does_not_foll
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", EVERY_ENTRY, ids=lambda e: e.name)
 def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry):
     artifact, report, _ = built[entry.name]
     expected = plan_entry(entry)
@@ -297,7 +309,7 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry
 
 @pytest.mark.slow
 @pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,)), (LLAMA_GUARD_4, (1,)),
-                                           (LLAVA, (1,)), (QWEN3_VL, (1,))],
+                                           (LLAVA, (1,)), (QWEN3_VL, (1,)), (QWEN3_VL_MOE, (1,))],
                          ids=lambda e: getattr(e, "name", ""))
 def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce, entry, seeds):
     """Every planned graph loads from the artifact and a fresh server compiles nothing under text and image
@@ -312,7 +324,7 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", EVERY_ENTRY, ids=lambda e: e.name)
 def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is

@@ -238,11 +238,14 @@ def multimodal_sweep() -> list[dict]:
     # smallest, 64) up to powers of two and a last one off them
     cases += [{"seqs": seqs, "tokens": tokens, "extra": {}, "mm_kwargs": None, "entry": QWEN3_VL}
               for seqs, tokens in ((8, 128), (4, 100), (16, 512))]
+    # Qwen3-VL MoE: its own class's budget range (one budget at a 64-token step)
+    cases += [{"seqs": 8, "tokens": tokens, "extra": {}, "mm_kwargs": None, "entry": QWEN3_VL_MOE}
+              for tokens in (64, 256)]
     return cases
 
 
-# configs/multimodal-jax.yaml's gemma4-vision, llama-guard-4, llava and qwen3-vl
-GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL = 2, 3, 4, 5
+# configs/multimodal-jax.yaml's gemma4-vision, llama-guard-4, llava, qwen3-vl and qwen3-vl-moe
+GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL, QWEN3_VL_MOE = 2, 3, 4, 5, 6
 
 
 def multimodal_entry(case: dict):
@@ -300,6 +303,18 @@ def test_plan_refuses_multimodal_architectures_it_does_not_follow():
     assert "static argument" not in str(refusal.value)  # no reason of the stack's is claimed where none is known
 
 
+def test_qwen3_vl_subclasses_planned_on_its_path_change_none_of_its_methods(facts):
+    """The architectures planned as Qwen3-VL (qwen3_vl.ARCHITECTURES) are vLLM subclasses of Qwen3-VL's model, which
+    the stack's patches take by isinstance, that define none of its methods anew (the encoder budgets and forward,
+    the embedding and merge, the M-RoPE positions): only their text model differs. Those that do (Qwen3.5's
+    embed_input_ids and forward, for one) stay refused."""
+    overrides = facts["qwen3_vl_overrides"]
+    assert qwen3_vl.ARCHITECTURES <= set(overrides)
+    for architecture in qwen3_vl.ARCHITECTURES:
+        assert overrides[architecture] == [], (architecture, overrides[architecture])
+    assert overrides["Qwen3_5ForConditionalGeneration"], "the check can see an override"
+
+
 def test_the_refusal_names_the_stacks_per_grid_tower_where_its_own_predicate_jits_one(facts):
     """The architectures refused for the stack's per-grid vision jit (Qwen3-VL and its kin) are exactly those whose
     model tpu-inference's own has_jittable_vision accepts, over vLLM's registry."""
@@ -307,7 +322,7 @@ def test_the_refusal_names_the_stacks_per_grid_tower_where_its_own_predicate_jit
 
     assert set(facts["grid_jitted_vision"]) == buckets.GRID_JITTED_VISION_ARCHITECTURES
     entry = load_matrix(MULTIMODAL).entries[0]
-    for architecture in sorted(buckets.GRID_JITTED_VISION_ARCHITECTURES - {qwen3_vl.ARCHITECTURE}):
+    for architecture in sorted(buckets.GRID_JITTED_VISION_ARCHITECTURES - qwen3_vl.ARCHITECTURES):
         with pytest.raises(ValueError, match="image grids as a static argument"):
             buckets.capture_plan(entry, {**hf_config(entry), "architectures": [architecture]})
     # Qwen3-VL itself is planned with the stack's per-budget tower, and refused with the same reason without it

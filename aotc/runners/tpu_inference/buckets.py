@@ -35,13 +35,13 @@ DTYPE_BITS = {"bfloat16": 16, "float16": 16, "auto": 16, "float32": 32, "fp8": 8
 FAMILIES = ("sample", "gather_logprobs", "gather_prompt_logprobs", "backbone", "substitute_placeholder_token",
             "select_from_array", "compute_logits", "structured_decoding")
 # Vision-language architectures the plan follows: JAX models (tpu_inference/models/jax), and vLLM's on the torchax path
-TORCHAX_MULTIMODAL_ARCHITECTURES = frozenset({llava.ARCHITECTURE, qwen3_vl.ARCHITECTURE})
+TORCHAX_MULTIMODAL_ARCHITECTURES = frozenset({llava.ARCHITECTURE}) | qwen3_vl.ARCHITECTURES
 PLANNED_MULTIMODAL_ARCHITECTURES = frozenset({"Qwen2_5_VLForConditionalGeneration", gemma4_vision.ARCHITECTURE,
                                               llama_guard_4.ARCHITECTURE}) | TORCHAX_MULTIMODAL_ARCHITECTURES
 # vLLM models whose vision tower tpu-inference 0.32 jits with each encoder batch's image grids as a static argument
 # (models/vllm/experimental/vision_tower_jit.py: has_jittable_vision, GridTHW) unless cudagraph_mm_encoder runs it
-# per token budget (planned for Qwen3-VL: qwen3_vl.py); a test derives this set from the stack's own predicate
-# over vLLM's registry
+# per token budget (planned for Qwen3-VL and its MoE: qwen3_vl.py); a test derives this set from the stack's own
+# predicate over vLLM's registry
 GRID_JITTED_VISION_ARCHITECTURES = frozenset({
     "Qwen3OmniMoeForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Cosmos3ForConditionalGeneration",
@@ -214,7 +214,8 @@ def unplanned_reason(architectures: set[str]) -> str:
 
 
 def check_torchax_multimodal(entry: Entry, hf_config: dict, impl: str) -> None:
-    """LLaVA and Qwen3-VL run as vLLM's model (tpu-inference has no JAX model for either: auto resolves to vllm).
+    """LLaVA, Qwen3-VL and Qwen3-VL MoE run as vLLM's model (tpu-inference has no JAX model for them: auto resolves
+    to vllm).
     LLaVA's images are one size (a CLIP or SigLIP tower); a Pixtral tower takes images of any size, which the plan
     does not follow."""
     if impl not in ("auto", "vllm"):

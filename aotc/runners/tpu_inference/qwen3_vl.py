@@ -1,5 +1,6 @@
-"""Qwen3-VL on tpu-inference (vLLM's `Qwen3VLForConditionalGeneration` through torchax), as plain data: what
-a step with images compiles, read from the entry and the model's config alone (no stack imported).
+"""Qwen3-VL and Qwen3-VL MoE on tpu-inference (vLLM's `Qwen3VLForConditionalGeneration` and its MoE subclass
+through torchax), as plain data: what a step with images compiles, read from the entry and the model's config alone
+(no stack imported). The MoE model differs in its text model only; its experts run through the stack's fused MoE.
 
 Served with `compilation_config.cudagraph_mm_encoder`, the stack runs the vision tower through its
 MMEncoderJITManager (a subclass of vLLM's EncoderCudaGraphManager): the images of an encoder batch are packed
@@ -16,13 +17,16 @@ from aotc.matrix import Entry
 from aotc.runners.multimodal import image_step_graphs
 
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
+# the architectures that take this path: Qwen3-VL and the subclasses of its vLLM model that change the text model
+# only (the stack's qwen3_vl_patcher and its budget range apply to them as to Qwen3-VL)
+ARCHITECTURES = frozenset({ARCHITECTURE, "Qwen3VLMoeForConditionalGeneration"})
 # Qwen3VLForConditionalGeneration.get_encoder_cudagraph_budget_range: its smallest budget (a 224 x 224 image's
 # tokens); the largest is min(max_num_batched_tokens, max_model_len)
 MIN_BUDGET = 64
 
 
 def is_qwen3_vl(hf_config: dict | None) -> bool:
-    return ARCHITECTURE in ((hf_config or {}).get("architectures") or [])
+    return bool(ARCHITECTURES.intersection((hf_config or {}).get("architectures") or []))
 
 
 def check(entry: Entry, largest_image_tokens: int | None) -> None:

@@ -71,9 +71,10 @@ MULTIMODAL_MANAGER = "tpu_inference.runner.multimodal_manager"
 VLLM_MODEL_WRAPPER = "tpu_inference.models.vllm.vllm_model_wrapper"
 MM_ENCODER_JIT_MANAGER = "tpu_inference.runner.mm_encoder_jit_manager"
 # vLLM models on the torchax path whose image steps the fixes jit (planned by aotc/runners/tpu_inference/buckets.py):
-# LLaVA's tower and merge; Qwen3-VL's merge alone (its tower runs through the stack's MMEncoderJITManager)
+# LLaVA's tower and merge; Qwen3-VL's (and Qwen3-VL MoE's) merge alone (the tower runs through the stack's
+# MMEncoderJITManager)
 JITTED_TORCHAX_TOWERS = frozenset({"LlavaForConditionalGeneration"})
-JITTED_TORCHAX_MERGES_ONLY = frozenset({"Qwen3VLForConditionalGeneration"})
+JITTED_TORCHAX_MERGES_ONLY = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"})
 # set False on an embed_input_ids_fn whose merge needs gather_mm_embeddings' own pieces
 TAKES_ONE_BUFFER = "_aotc_takes_one_buffer"
 INSTALLED = "_aotc_serving_fix"
