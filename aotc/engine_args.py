@@ -96,19 +96,22 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
     return flags
 
 
-def stack_verdicts(python: str, versions: dict[str, Any], engines: Iterable[dict[str, Any]]) -> list[str | None]:
+def stack_verdicts(python: str, versions: dict[str, Any], engines: Iterable[dict[str, Any]],
+                   packages: Iterable[str] = ()) -> list[str | None]:
     """For each engine mapping, None when the stack's ``vllm serve`` accepts it, else its complaint (one
-    line). All None when ``python`` has no vLLM."""
+    line). All None when ``python`` has no vLLM, or lacks one of the stack's ``packages`` (another stack's vLLM,
+    e.g. the core venv's 0.13 where tpu-inference's venv is not named, must not judge its arguments)."""
     argvs = [cli_flags(engine) for engine in engines]
     if not any(argvs):
         return [None] * len(argvs)
-    key = hashlib.sha256(json.dumps([os.path.realpath(python), versions, argvs], sort_keys=True).encode())
+    packages = sorted(packages)
+    key = hashlib.sha256(json.dumps([os.path.realpath(python), versions, argvs, packages], sort_keys=True).encode())
     cached = _verdict_cache() / f"{key.hexdigest()}.json"
     try:
         return json.loads(cached.read_text())
     except (OSError, ValueError):
         pass
-    verdicts = _run_parser(python, argvs)
+    verdicts = _run_parser(python, argvs, packages)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
@@ -119,9 +122,10 @@ def stack_verdicts(python: str, versions: dict[str, Any], engines: Iterable[dict
     return verdicts
 
 
-def _run_parser(python: str, argvs: list[list[str]]) -> list[str | None]:
+def _run_parser(python: str, argvs: list[list[str]], packages: list[str]) -> list[str | None]:
     try:
-        proc = subprocess.run([python, "-m", "aotc.runners.serve_args"], input=json.dumps({"argvs": argvs}),
+        proc = subprocess.run([python, "-m", "aotc.runners.serve_args"],
+                              input=json.dumps({"argvs": argvs, "packages": packages}),
                               capture_output=True, text=True, timeout=CHECK_TIMEOUT,
                               env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")})
         answer = json.loads(proc.stdout.strip().splitlines()[-1])

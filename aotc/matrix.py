@@ -402,7 +402,8 @@ def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: s
     names the key where the matrix set it (``engine.X`` or, for a swept argument, ``matrix.X``)."""
     for runner in dict.fromkeys(entry.runner for entry, *_ in entries):
         mine = [item for item in entries if item[0].runner == runner]
-        verdicts = stack_verdicts(runner_python(runner), runner_versions(runner), [item[0].engine for item in mine])
+        verdicts = stack_verdicts(runner_python(runner), runner_versions(runner), [item[0].engine for item in mine],
+                                  load_runner(runner).packages)
         for (entry, where, swept), verdict in zip(mine, verdicts):
             if verdict:
                 flag = re.search(r"argument (--[a-z0-9-]+)", verdict)

@@ -133,3 +133,26 @@ def test_any_engine_argument_is_an_axis_of_its_own():
     assert last["async_scheduling"] is False and last["speculative_config"]["num_speculative_tokens"] == 4
     # vLLM's parser reads max-logprobs and max_logprobs alike; so does the matrix
     assert last["max_logprobs"] == 5 and "max-logprobs" not in last
+
+
+ONLY_VLLM_032_KNOWS = """
+models:
+  - name: m
+    model: org/model
+    runner: {runner}
+    engine: {{compilation_config: {{cudagraph_mm_encoder: true}}}}
+    matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+"""
+
+
+def test_a_stacks_arguments_are_not_judged_by_another_stacks_vllm(monkeypatch, tmp_path):
+    """Where no venv is named for tpu-inference, its runner's interpreter is this one, whose vLLM is 0.13's: that
+    parser does not know vLLM 0.32's keys (cudagraph_mm_encoder) and must not refuse them in tpu-inference's
+    name; vLLM 0.13's own runner (vllm-tpu) still has them checked by it."""
+    from aotc.runners.spec import load_runner
+
+    monkeypatch.delenv(load_runner("tpu-inference").python_env, raising=False)
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path))  # no verdict cached by an earlier run
+    assert parse_matrix(ONLY_VLLM_032_KNOWS.format(runner="tpu-inference")).entries
+    with pytest.raises(MatrixError, match=r"vllm serve \(vllm-tpu\): .*cudagraph_mm_encoder"):
+        parse_matrix(ONLY_VLLM_032_KNOWS.format(runner="vllm-tpu"))

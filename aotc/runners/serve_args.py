@@ -1,9 +1,10 @@
 """``vllm serve``'s own argument parser, run in a runner's interpreter: the matrix's ``engine:`` is checked by
 the stack that will serve it, never by a hand list of keys.
 
-Run as ``python -m aotc.runners.serve_args`` with ``{"argvs": [[flag, ...], ...]}`` on stdin; prints one
-JSON line: ``{"results": [{"error": str | None}, ...]}``, or ``{"absent": why}`` when the interpreter has
-no vLLM (an init container that only fetches).
+Run as ``python -m aotc.runners.serve_args`` with ``{"argvs": [[flag, ...], ...], "packages": [dist, ...]}`` on
+stdin; prints one JSON line: ``{"results": [{"error": str | None}, ...]}``, or ``{"absent": why}`` when the
+interpreter has no vLLM (an init container that only fetches) or lacks one of the stack's packages (its vLLM is
+another stack's).
 """
 
 from __future__ import annotations
@@ -66,8 +67,24 @@ def check(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     return None
 
 
+def missing_packages(packages: list[str]) -> list[str]:
+    from importlib import metadata
+
+    missing = []
+    for package in packages:
+        try:
+            metadata.version(package)
+        except metadata.PackageNotFoundError:
+            missing.append(package)
+    return missing
+
+
 def main() -> None:
     request = json.load(sys.stdin)
+    missing = missing_packages(request.get("packages", []))
+    if missing:
+        print(json.dumps({"absent": f"not the stack's interpreter: no {', '.join(missing)}"}))
+        return
     try:
         parser = serve_parser()
     except ImportError as exc:
