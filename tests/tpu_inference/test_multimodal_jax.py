@@ -283,6 +283,14 @@ def test_qwen3_vl_moe_plans_what_qwen3_vl_does_at_its_shapes():
     assert hf_config(QWEN3_VL_MOE)["text_config"]["num_experts"] > 1
 
 
+def test_the_serving_fixes_jit_the_merge_of_every_architecture_planned_as_qwen3_vl():
+    """The fixes run in the stack's process and name the classes themselves: the set the plan follows on Qwen3-VL's
+    path and the set whose input embedding the fixes jit (aotc's one-buffer place_encoder_rows) are one."""
+    from aotc.runners.tpu_inference import serving_fixes
+
+    assert serving_fixes.JITTED_TORCHAX_MERGES_ONLY == qwen3_vl.ARCHITECTURES
+
+
 @pytest.mark.parametrize("engine, reason", [
     ({"compilation_config": {}}, "jitted per image grid"),
     ({"limit_mm_per_prompt": {"image": 2}}, "not video"),
