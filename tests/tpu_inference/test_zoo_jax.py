@@ -1,7 +1,7 @@
 """The model zoo end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml (dense
 Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin_moe where
 the model takes tpu-inference's GMM backend; DeepSeek V3, JAX-native and through vLLM's model, on the MLA
-kernel's twin) builds
+kernel's twin; the hybrid Qwen3-Next on the GDN kernel's twin) builds
 every planned graph, a fresh process replays it with zero misses, and for one model of each MoE path and for
 DeepSeek V3 the stock server compiles nothing after ready. One build per entry.
 """
@@ -79,10 +79,10 @@ def test_zoo_entry_verifies_with_zero_misses_and_real_loads(built, jax_env):
 
 
 # The stock server for one MoE model of each path a canary reaches differently (every entry builds and
-# verifies above): torchax through vLLM's model and tpu-inference's JAX-native model; and DeepSeek V3, the one
-# model on the MLA attention path. The suite's time budget (make test under 45 min on 2 cores) buys three
-# canaries, not one per entry.
-CANARY_MODELS = ["llama4", "qwen3-moe", "deepseek-v3"]
+# verifies above): torchax through vLLM's model (Qwen3-Next, whose MoE takes the path Qwen3-MoE's does, and the
+# one model on the linear-attention path) and tpu-inference's JAX-native model; and DeepSeek V3, the one model on
+# the MLA attention path. The suite's time budget buys three canaries, not one per entry.
+CANARY_MODELS = ["llama4", "qwen3-next", "deepseek-v3"]
 
 
 @pytest.mark.slow

@@ -68,5 +68,6 @@ SPEC = TpuInferenceRunner(
     cache_loads=True,
     kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
-                  "aotc.runners.tpu_inference.twin_moe", "aotc.runners.tpu_inference.twin_deepseek"),
+                  "aotc.runners.tpu_inference.twin_moe", "aotc.runners.tpu_inference.twin_deepseek",
+                  "aotc.runners.tpu_inference.twin_gdn"),
 )

@@ -120,10 +120,11 @@ def install() -> None:
     compiler_options.get_sampling_compiler_options = no_compiler_options
 
     _patch_attention()
-    from . import twin_deepseek, twin_moe
+    from . import twin_deepseek, twin_gdn, twin_moe
 
     twin_moe.install()
     twin_deepseek.install()
+    twin_gdn.install()
     _patch_imported_names()
 
 
