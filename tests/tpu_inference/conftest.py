@@ -24,9 +24,12 @@ def jax_python() -> Path:
     """AOTC_PYTHON_TPU_INFERENCE, else the venv `make env-jax` creates for the current lock."""
     if os.environ.get(PYTHON_ENV):
         return Path(os.environ[PYTHON_ENV])
-    home = Path(os.environ.get("AOTC_HOME") or Path.home() / ".cache" / "aotc")
     digest = hashlib.sha256(JAX_LOCK.read_bytes()).hexdigest()[:12]
-    return home / f"venv-jax-{digest}" / "bin" / "python"
+    return aotc_home() / f"venv-jax-{digest}" / "bin" / "python"
+
+
+def aotc_home() -> Path:
+    return Path(os.environ.get("AOTC_HOME") or Path.home() / ".cache" / "aotc")
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +46,12 @@ def jax_env() -> dict[str, str]:
     if probe.returncode:
         pytest.fail(f"the JAX venv at {python} cannot import aotc and tpu_inference (run `make env-jax`): "
                     f"{probe.stderr.strip().splitlines()[-1:]}", pytrace=False)
-    return {**launch_environ(), PYTHON_ENV: str(python)}
+    # vLLM 0.13 (the core's) and vLLM 0.32 (this venv's) keep their registry's model-class facts under the same
+    # file names in $VLLM_CACHE_ROOT/modelinfos, each hashing its own source: on a shared root every process of
+    # one stack after one of the other finds the file stale and inspects the class again in a subprocess (an
+    # import of vLLM, 10 to 20 s; 14 rewrites of Llama's in one suite run). This stack gets a root of its own.
+    return {**launch_environ(), PYTHON_ENV: str(python),
+            "VLLM_CACHE_ROOT": str(aotc_home() / "vllm-cache-tpu-inference")}
 
 
 def run_jax(jax_env: dict[str, str], script: Path, payload: dict, timeout: float = 900) -> dict:
