@@ -4,7 +4,11 @@ code over a randomized sweep (tpu-inference's against vLLM 0.32's in tests/tpu_i
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import random
+import subprocess
+import sys
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -14,6 +18,7 @@ from aotc.errors import MatrixError
 from aotc.matrix import parse_matrix
 from aotc.runners import vllm_rules
 from aotc.runners.vllm_tpu import rules
+from tests.conftest import CONFIGS
 
 
 def entry(runner="vllm-tpu", engine="{}", **axes):
@@ -131,3 +136,50 @@ def test_vllm_tpu_data_parallel_refusal_is_vllm_0_13s_own_gap():
     with pytest.raises(MatrixError, match=r"engine\.data_parallel_size: 2: vLLM 0\.13's TPU worker cannot serve"):
         entry(engine="{data_parallel_size: 2}")
     assert entry(engine="{data_parallel_size: 1}")
+
+
+STATEFUL = """
+import importlib, json
+from vllm.model_executor.models.interfaces import is_attention_free, is_hybrid
+from vllm.model_executor.models.registry import _VLLM_MODELS
+found = []
+for arch, (module, name) in _VLLM_MODELS.items():
+    try:
+        cls = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+    except ImportError:  # a model whose package this install lacks: no server starts with it at all
+        continue
+    if is_hybrid(cls) or is_attention_free(cls):
+        found.append(arch)
+print(json.dumps(found))
+"""
+
+
+def test_vllm_tpu_refuses_exactly_vllm_0_13s_models_with_mamba_type_layers():
+    """vLLM 0.13's registry, class by class (in a process of its own: it imports every model): the hybrid and
+    attention-free ones are the rule's list. Its TPU runner gives no cache to a layer that is not attention, and
+    TpuPlatform has no current_device (Qwen3-Next's gated delta net calls it)."""
+    from vllm.platforms.tpu import TpuPlatform
+    from vllm.v1.worker.tpu_model_runner import TPUModelRunner
+
+    proc = subprocess.run([sys.executable, "-c", STATEFUL], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(json.loads(proc.stdout.strip().splitlines()[-1])) == rules.STATEFUL_ARCHITECTURES
+    source = inspect.getsource(TPUModelRunner.get_kv_cache_spec)
+    assert "isinstance(attn_module, Attention)" in source and "Mamba" not in source
+    assert TpuPlatform().current_device is None
+
+
+def test_vllm_tpu_plan_refuses_a_hybrid_model_naming_tpu_inference():
+    matrix = """
+models:
+  - name: next
+    model: ./models/tiny-qwen3-next
+    runner: {runner}
+    device: cpu
+    matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+"""
+    with pytest.raises(MatrixError, match=r"model: vLLM 0\.13's TPU runner cannot serve Qwen3NextForCausalLM, .*"
+                                          r"runner: tpu-inference serves Qwen3-Next"):
+        parse_matrix(matrix.format(runner="vllm-tpu"), base_dir=CONFIGS, check_stack=False)
+    assert parse_matrix(matrix.format(runner="tpu-inference"), base_dir=CONFIGS, check_stack=False).entries

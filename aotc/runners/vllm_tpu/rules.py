@@ -7,6 +7,15 @@ from aotc.runners import vllm_rules
 
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm.config.cache.BlockSize: `vllm serve --block-size` choices
 QUANTIZATIONS = ("fp8", "tpu_int8", "compressed-tensors")  # vllm.platforms.tpu.TpuPlatform.supported_quantization
+# vLLM 0.13's models with mamba-type layers, hybrid or attention-free (tests/test_matrix_rules.py reads them off
+# its registry: interfaces.is_hybrid / is_attention_free)
+STATEFUL_ARCHITECTURES = frozenset({
+    "BambaForCausalLM", "FalconH1ForCausalLM", "FalconMambaForCausalLM", "GraniteMoeHybridForCausalLM",
+    "JambaForCausalLM", "JambaForSequenceClassification", "KimiLinearForCausalLM", "Lfm2ForCausalLM",
+    "Lfm2MoeForCausalLM", "Mamba2ForCausalLM", "MambaForCausalLM", "MiniMaxForCausalLM", "MiniMaxM1ForCausalLM",
+    "MiniMaxText01ForCausalLM", "NemotronHForCausalLM", "NemotronH_Nano_VL_V2", "Plamo2ForCausalLM",
+    "Qwen3NextForCausalLM", "Zamba2ForCausalLM",
+})
 
 
 def validate(entry, hf_config: dict | None) -> list[str]:
@@ -15,7 +24,7 @@ def validate(entry, hf_config: dict | None) -> list[str]:
     if block is not None and block not in BLOCK_SIZES:
         problems.append(f"engine.block_size: {block} is not one of {list(BLOCK_SIZES)} (vllm serve --block-size choices, CacheConfig.BlockSize)")
     return (problems + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform") + lora(entry)
-            + speculative(entry) + data_parallel(entry) + multimodal(entry, hf_config))
+            + speculative(entry) + data_parallel(entry) + stateful(hf_config) + multimodal(entry, hf_config))
 
 
 def lora(entry) -> list[str]:
@@ -49,6 +58,20 @@ def data_parallel(entry) -> list[str]:
     if size > 1:
         return [f"engine.data_parallel_size: {size}: vLLM 0.13's TPU worker cannot serve data parallel (TPUWorker "
                 "has no execute_dummy_batch, which DPEngineCoreProc calls on an idle rank); use runner: tpu-inference"]
+    return []
+
+
+def stateful(hf_config: dict | None) -> list[str]:
+    """TPUModelRunner.get_kv_cache_spec gives a cache to Attention and MLAAttention layers and skips the rest, so
+    a mamba-type layer's conv and recurrent state has nowhere to live (and initialize_kv_cache refuses a second
+    KV cache type). Qwen3-Next stops before that, on a TPU as on the twin: its gated delta net asks the platform
+    for current_device, which TpuPlatform lacks (None: "'NoneType' object is not callable")."""
+    found = sorted(set((hf_config or {}).get("architectures") or []) & STATEFUL_ARCHITECTURES)
+    if found:
+        return [f"model: vLLM 0.13's TPU runner cannot serve {', '.join(found)}, whose mamba-type layers keep a "
+                "recurrent state: TPUModelRunner.get_kv_cache_spec gives a cache to attention layers only "
+                "(Qwen3-Next stops sooner: TpuPlatform has no current_device); runner: tpu-inference serves "
+                "Qwen3-Next"]
     return []
 
 
