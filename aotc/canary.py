@@ -135,6 +135,10 @@ class CanaryResult:
     serving: Phase = field(default_factory=Phase)
     graphs_missing: list[str] = field(default_factory=list)
     guard: dict[str, float] | None = None
+    prefix_cache: dict[str, float] | None = None
+    """The server's own prefix-cache counters at the end, in prompt tokens: {"queries", "hits"} (vLLM's
+    vllm:prefix_cache_queries / _hits). Hits show the shared-prefix requests took cached blocks (and, on a
+    hybrid model, the recurrent state saved with them)."""
     bench: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     """What kept the canary from judging: the load generator failed, the server died."""
@@ -285,7 +289,9 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         result.failures = [f"{name}: {error}" for name, o in result.kinds.items() for error in o.errors][:5]
         result.limitations += [f"{name} rejected by the stack: {o.rejected_by_stack}"
                                for name, o in result.kinds.items() if o.rejected_by_stack]
-        result.guard = scrape_guard(command.url)
+        metrics = scrape_metrics(command.url)
+        result.guard = guard_series(metrics)
+        result.prefix_cache = prefix_cache_counters(metrics)
         server.stop()
     after = Snapshot.of(cache)
     text = server_log.read_text(errors="replace")
@@ -568,12 +574,26 @@ def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any] 
         return f"request failed ({sorted(k for k in body if k not in ('prompt', 'model'))}): {exc}"
 
 
-def scrape_guard(url: str) -> dict[str, float] | None:
-    """The guard's ``aotc_*`` series from vLLM's /metrics (None when this server publishes none)."""
+def scrape_metrics(url: str) -> str:
+    """vLLM's /metrics text ("" when the server does not answer)."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-            text = response.read().decode()
+            return response.read().decode()
     except (urllib.error.URLError, OSError):
-        return None
-    series = {name + (labels or ""): float(value) for name, labels, value in GUARD_METRIC.findall(text)}
+        return ""
+
+
+def guard_series(metrics: str) -> dict[str, float] | None:
+    """The guard's ``aotc_*`` series (None when this server publishes none)."""
+    series = {name + (labels or ""): float(value) for name, labels, value in GUARD_METRIC.findall(metrics)}
     return series or None
+
+
+def prefix_cache_counters(metrics: str) -> dict[str, float] | None:
+    """vllm:prefix_cache_queries_total and _hits_total, summed over their label sets (None when absent)."""
+    counters = {}
+    for name in ("queries", "hits"):
+        values = re.findall(rf"^vllm:prefix_cache_{name}_total(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", metrics, re.M)
+        if values:
+            counters[name] = sum(float(v) for v in values)
+    return counters or None

@@ -64,7 +64,8 @@ def assert_kinds_served(doc: dict, lacking: set[str]) -> None:
 def summary(doc: dict) -> str:
     """One line per kind: the figures a person reads off a canary run."""
     lines = [f"canary {doc.get('entry')}: {doc.get('requests')} requests, {doc.get('failed_requests')} failed, "
-             f"{doc.get('compiles_after_ready')} compiles after ready, bench {doc.get('bench', {}).get('duration')} s"]
+             f"{doc.get('compiles_after_ready')} compiles after ready, bench {doc.get('bench', {}).get('duration')} s, "
+             f"prefix cache {doc.get('prefix_cache')}"]
     for name, kind in doc.get("kinds", {}).items():
         lines.append(f"  {name}: " + (f"not sent ({kind['not_sent']})" if kind["not_sent"] else
                                       f"{kind['ok']}/{kind['sent']} ok" + (f", refused: {kind['rejected_by_stack']}"

@@ -111,6 +111,8 @@ def test_canary_stock_server_loads_every_graph_and_compiles_nothing(jax_env, art
     assert doc["startup"]["lookups"] == doc["startup"]["hits"] > 0 and doc["startup"]["new_files"] == []
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
     assert doc["requests"] >= 16 and doc["failed_requests"] == 0 and doc["ready_seconds"] > 0
+    # prefix caching is vLLM's default for a dense model: the shared-prefix kind took cached blocks
+    assert 0 < doc["prefix_cache"]["hits"] < doc["prefix_cache"]["queries"], doc["prefix_cache"]
     assert_kinds_served(doc, lacking={"lora", "speculative", "images"})
 
 

@@ -1,7 +1,7 @@
 """The model zoo end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml (dense
 Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin_moe where
 the model takes tpu-inference's GMM backend; DeepSeek V3, JAX-native and through vLLM's model, on the MLA
-kernel's twin; the hybrid Qwen3-Next on the GDN kernel's twin) builds
+kernel's twin; the hybrid Qwen3-Next on the GDN kernel's twin, with and without prefix caching) builds
 every planned graph, a fresh process replays it with zero misses, and for one model of each MoE path and for
 DeepSeek V3 the stock server compiles nothing after ready. One build per entry.
 """
@@ -80,9 +80,10 @@ def test_zoo_entry_verifies_with_zero_misses_and_real_loads(built, jax_env):
 
 # The stock server for one MoE model of each path a canary reaches differently (every entry builds and
 # verifies above): torchax through vLLM's model (Qwen3-Next, whose MoE takes the path Qwen3-MoE's does, and the
-# one model on the linear-attention path) and tpu-inference's JAX-native model; and DeepSeek V3, the one model on
-# the MLA attention path. The suite's time budget buys three canaries, not one per entry.
-CANARY_MODELS = ["llama4", "qwen3-next", "deepseek-v3"]
+# one model on the linear-attention path, here with prefix caching: its state saved per block and resumed from
+# it) and tpu-inference's JAX-native model; and DeepSeek V3, the one model on the MLA attention path. The
+# suite's time budget buys three canaries, not one per entry.
+CANARY_MODELS = ["llama4", "qwen3-next-prefix", "deepseek-v3"]
 
 
 @pytest.mark.slow
@@ -96,7 +97,11 @@ def test_moe_entry_canary_stock_server_compiles_nothing_after_ready(built, jax_e
     assert code == 0, (doc.get("verdict"), doc.get("problems"), err[-2000:])
     assert doc["compiles_at_startup"] == 0 and doc["compiles_after_ready"] == 0
     assert doc["requests"] >= 100 and doc["failed_requests"] == 0
-    announce(f"canary {model}: {doc['requests']} requests, {doc['compiles_after_ready']} compiles after ready")
+    if ENTRIES[model].engine.get("enable_prefix_caching"):
+        # the shared-prefix requests took cached blocks (Qwen3-Next: and the state saved with them)
+        assert doc["prefix_cache"]["hits"] > 0, doc["prefix_cache"]
+    announce(f"canary {model}: {doc['requests']} requests, {doc['compiles_after_ready']} compiles after ready, "
+             f"prefix cache {doc['prefix_cache']}")
 
 
 REGISTRY = """
