@@ -409,12 +409,7 @@ def wait_for_load(url: str, load: concurrent.futures.Future, patience: float = 1
 
 
 def running_requests(url: str) -> float:
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, OSError):
-        return 0
-    return sum(float(v) for v in re.findall(r"^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.eE+-]+)$", text, re.M))
+    return metric_sum(scrape_metrics(url), "vllm:num_requests_running") or 0
 
 
 def send_kinds(url: str, planned: list[Planned], models: tuple[str, ...],
@@ -589,11 +584,13 @@ def guard_series(metrics: str) -> dict[str, float] | None:
     return series or None
 
 
+def metric_sum(metrics: str, name: str) -> float | None:
+    """A series of vLLM's /metrics text summed over its label sets (None when the server publishes none)."""
+    values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", metrics, re.M)
+    return sum(float(v) for v in values) if values else None
+
+
 def prefix_cache_counters(metrics: str) -> dict[str, float] | None:
-    """vllm:prefix_cache_queries_total and _hits_total, summed over their label sets (None when absent)."""
-    counters = {}
-    for name in ("queries", "hits"):
-        values = re.findall(rf"^vllm:prefix_cache_{name}_total(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", metrics, re.M)
-        if values:
-            counters[name] = sum(float(v) for v in values)
-    return counters or None
+    """vllm:prefix_cache_queries_total and _hits_total (None when absent)."""
+    counters = {name: metric_sum(metrics, f"vllm:prefix_cache_{name}_total") for name in ("queries", "hits")}
+    return {name: value for name, value in counters.items() if value is not None} or None

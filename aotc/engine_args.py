@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import BadInput
+from aotc.files import aotc_home
 
 # Settings a pod chooses freely: where it listens, who may call it, what it calls its model, how it logs.
 # None changes a compiled graph or its cache key, so none enters the fingerprint (docs/design.md).
@@ -138,5 +139,4 @@ def _run_parser(python: str, argvs: list[list[str]], packages: list[str]) -> lis
 
 
 def _verdict_cache() -> Path:
-    home = os.environ.get("AOTC_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "aotc")
-    return Path(home) / "engine-args"
+    return aotc_home() / "engine-args"

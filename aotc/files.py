@@ -15,10 +15,18 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 OLD_SUFFIX = ".old"
+
+
+def aotc_home(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where aotc keeps what outlives a run (venvs, the engine-argument and KV-sizing answers): $AOTC_HOME, else
+    ~/.cache/aotc."""
+    return Path(environ.get("AOTC_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "aotc"))
 
 
 def sha256_file(path: str, block: int = 4 << 20) -> tuple[str, int]:

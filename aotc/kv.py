@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import BadInput
-from aotc.files import canonical_json
+from aotc.files import aotc_home, canonical_json
 from aotc.matrix import Entry
 from aotc.runners.flags import FLAG_ENV_VARS
 from aotc.runners.kv_sizing import OVERRIDE
@@ -77,8 +77,7 @@ def has_tpu(pci_devices: Path = Path("/sys/bus/pci/devices")) -> bool:
 def sizing_path(key: dict[str, Any], environ: dict[str, str]) -> Path:
     """Where the stack's answer for ``key`` is kept (every fingerprint input but the count itself, and the
     variables the sizing reads besides, e.g. the twin's stated HBM)."""
-    home = environ.get("AOTC_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "aotc")
-    return Path(home) / "kv-blocks" / f"{hashlib.sha256(canonical_json(key)).hexdigest()}.json"
+    return aotc_home(environ) / "kv-blocks" / f"{hashlib.sha256(canonical_json(key)).hexdigest()}.json"
 
 
 def run_sizing(entry: Entry, environ: dict[str, str]) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from aotc.files import aotc_home
 from tests.conftest import launch_environ
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,10 +27,6 @@ def jax_python() -> Path:
         return Path(os.environ[PYTHON_ENV])
     digest = hashlib.sha256(JAX_LOCK.read_bytes()).hexdigest()[:12]
     return aotc_home() / f"venv-jax-{digest}" / "bin" / "python"
-
-
-def aotc_home() -> Path:
-    return Path(os.environ.get("AOTC_HOME") or Path.home() / ".cache" / "aotc")
 
 
 @pytest.fixture(scope="session")
