@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -181,5 +182,48 @@ models:
 """
     with pytest.raises(MatrixError, match=r"model: vLLM 0\.13's TPU runner cannot serve Qwen3NextForCausalLM, .*"
                                           r"runner: tpu-inference serves Qwen3-Next"):
+        parse_matrix(matrix.format(runner="vllm-tpu"), base_dir=CONFIGS, check_stack=False)
+    assert parse_matrix(matrix.format(runner="tpu-inference"), base_dir=CONFIGS, check_stack=False).entries
+
+
+CONSTRUCTION_FACTS = Path(__file__).parent / "vllm_tpu" / "construction_facts.py"
+
+
+def test_vllm_tpu_refuses_exactly_the_moe_models_vllm_0_13s_tpu_runner_cannot_build_or_route():
+    """Every MoE model of vLLM 0.13's registry, built on the twin's platform (a TpuPlatform) from transformers'
+    own config class, in a process of its own (8 s): the ones whose constructor fails on the TPU attention backend
+    or whose FusedMoE layers forward_tpu refuses are the rule's, with the same reason; an architecture the probe
+    cannot build (transformers' class lacks a field vLLM reads) is left to the build, unless it shares vLLM's
+    class with one probed."""
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    proc = subprocess.run([sys.executable, str(CONSTRUCTION_FACTS)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PJRT_DEVICE": "CPU", "AOTC_CPU_TWIN": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdicts = json.loads(proc.stdout.strip().splitlines()[-1])
+    probed = {arch: verdict for arch, verdict in verdicts.items() if not verdict.startswith("config: ")}
+    refused = {arch: verdict for arch, verdict in probed.items() if verdict != "serves"}
+    assert refused == {arch: r for arch, r in rules.UNSERVED_MOE_ARCHITECTURES.items() if arch in probed}
+    for arch, reason in rules.UNSERVED_MOE_ARCHITECTURES.items():
+        assert arch in probed or any(_VLLM_MODELS[arch] == _VLLM_MODELS[other] and refused.get(other) == reason
+                                     for other in probed), arch
+        assert reason.split(":")[0] in rules.WHERE_IT_STOPS
+    # the zoo's vllm-tpu MoE entries route as forward_tpu takes
+    assert {"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"} <= probed.keys() - refused.keys()
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt-oss", "tiny-llama4"])
+def test_vllm_tpu_plan_refuses_an_moe_model_its_runner_cannot_serve_naming_the_reason(model):
+    matrix = f"""
+models:
+  - name: moe
+    model: ./models/{model}
+    runner: {{runner}}
+    device: cpu
+    matrix: {{{{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}}}
+"""
+    arch = json.loads((CONFIGS / "models" / model / "config.json").read_text())["architectures"][0]
+    with pytest.raises(MatrixError, match=rf"model: vLLM 0\.13's TPU runner cannot serve {arch}: "
+                                          rf"{rules.UNSERVED_MOE_ARCHITECTURES[arch]} \(.*runner: tpu-inference"):
         parse_matrix(matrix.format(runner="vllm-tpu"), base_dir=CONFIGS, check_stack=False)
     assert parse_matrix(matrix.format(runner="tpu-inference"), base_dir=CONFIGS, check_stack=False).entries

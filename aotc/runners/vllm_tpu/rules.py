@@ -17,6 +17,28 @@ STATEFUL_ARCHITECTURES = frozenset({
     "Qwen3NextForCausalLM", "Zamba2ForCausalLM",
 })
 
+# vLLM 0.13's MoE models that its TPU runner cannot build or route, by what stops each (tests/test_matrix_rules.py
+# builds every MoE model of its registry on the twin's platform and reads these off): its attention backend takes
+# no MLA, no sinks and no chunked local attention, and its MoE kernel path takes softmax top-k routing only
+UNSERVED_MOE_ARCHITECTURES = {
+    "DeepseekV2ForCausalLM": "MLA attention", "DeepseekV3ForCausalLM": "MLA attention",
+    "DeepseekV32ForCausalLM": "MLA attention", "LongcatFlashForCausalLM": "MLA attention",
+    "GptOssForCausalLM": "attention sinks",
+    "Llama4ForCausalLM": "chunked local attention",
+    "Ernie4_5_MoeForCausalLM": "MoE routing: score-correction bias",
+    "Glm4MoeForCausalLM": "MoE routing: grouped top-k, score-correction bias, sigmoid scoring",
+    "PhiMoEForCausalLM": "MoE routing: custom routing function",
+}
+WHERE_IT_STOPS = {
+    "MLA attention": "PallasAttentionBackendImpl takes no MLA arguments (q_lora_rank), so the model's "
+                     "constructor fails",
+    "attention sinks": "PallasAttentionBackendImpl takes no sinks, so the model's constructor fails",
+    "chunked local attention": "the Pallas backend has no builder for it (create_chunked_local_attention_backend "
+                               "raises NotImplementedError in the model's constructor)",
+    "MoE routing": "UnquantizedFusedMoEMethod.forward_tpu takes softmax top-k routing into silu experts only and "
+                   "refuses the rest at the first forward",
+}
+
 
 def validate(entry, hf_config: dict | None) -> list[str]:
     problems = vllm_rules.common(entry, hf_config)
@@ -24,7 +46,8 @@ def validate(entry, hf_config: dict | None) -> list[str]:
     if block is not None and block not in BLOCK_SIZES:
         problems.append(f"engine.block_size: {block} is not one of {list(BLOCK_SIZES)} (vllm serve --block-size choices, CacheConfig.BlockSize)")
     return (problems + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform") + lora(entry)
-            + speculative(entry) + data_parallel(entry) + stateful(hf_config) + multimodal(entry, hf_config))
+            + speculative(entry) + data_parallel(entry) + stateful(hf_config) + unserved_moe(hf_config)
+            + multimodal(entry, hf_config))
 
 
 def lora(entry) -> list[str]:
@@ -73,6 +96,17 @@ def stateful(hf_config: dict | None) -> list[str]:
                 "(Qwen3-Next stops sooner: TpuPlatform has no current_device); runner: tpu-inference serves "
                 "Qwen3-Next"]
     return []
+
+
+def unserved_moe(hf_config: dict | None) -> list[str]:
+    problems = []
+    for arch in (hf_config or {}).get("architectures") or []:
+        reason = UNSERVED_MOE_ARCHITECTURES.get(arch)
+        if reason:
+            problems.append(f"model: vLLM 0.13's TPU runner cannot serve {arch}: {reason} "
+                            f"({WHERE_IT_STOPS[reason.split(':')[0]]}); try runner: tpu-inference (kernels of its own; "
+                            "configs/zoo-jax.yaml serves DeepSeek V3, GPT-OSS and Llama 4 there)")
+    return problems
 
 
 def multimodal(entry, hf_config: dict | None) -> list[str]:
