@@ -190,6 +190,20 @@ QWEN3_VL = VisionModel(
                   "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128}, "patch_size": QWEN3_VL_PATCH,
                   "merge_size": MERGE, "temporal_patch_size": TEMPORAL, "do_resize": True, **NORMALIZE})
 
+# Qwen3.5: Qwen3-VL's tower without deepstack levels (transformers' Qwen3_5VisionConfig has no
+# deepstack_visual_indexes) over a hybrid text model as Qwen3-Next's (gated-delta-net linear attention in layer 0,
+# gated full attention with partial interleaved M-RoPE in layer 1), a dense MLP.
+QWEN3_5 = dataclasses.replace(QWEN3_VL, config={
+    **QWEN3_VL.config, "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "text_config": {**COMMON, "model_type": "qwen3_5_text", "vocab_size": 528, "head_dim": 32, "attention_bias": False,
+                    "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
+                    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                    "linear_num_value_heads": 4, "rope_theta": OMIT, "rope_scaling": OMIT,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                        "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
+    "vision_config": {key: value for key, value in QWEN3_VL.config["vision_config"].items()
+                      if key != "deepstack_visual_indexes"} | {"model_type": "qwen3_5"}})
+
 VISION_ZOO: dict[str, VisionModel] = {
     "tiny-qwen2_5-vl": VisionModel(
         config={"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
@@ -215,6 +229,18 @@ VISION_ZOO: dict[str, VisionModel] = {
         "text_config": {**QWEN3_VL.config["text_config"], "model_type": "qwen3_vl_moe_text", **MOE,
                         "decoder_sparse_step": 1, "mlp_only_layers": []},
         "vision_config": {**QWEN3_VL.config["vision_config"], "model_type": "qwen3_vl_moe_vision"}}),
+    # Cosmos 3 (its reasoner): vLLM's subclass of Qwen3-VL's model, changing only its weight-name mapping, over
+    # transformers' Cosmos3OmniConfig (a Qwen3-VL text and vision config)
+    "tiny-cosmos3": dataclasses.replace(QWEN3_VL, config={
+        **QWEN3_VL.config, "architectures": ["Cosmos3ForConditionalGeneration"], "model_type": "cosmos3_omni"}),
+    "tiny-qwen3_5": QWEN3_5,
+    # Qwen3.5 MoE (as Qwen3.5-397B-A17B): the same over experts with a shared one
+    "tiny-qwen3_5-moe": dataclasses.replace(QWEN3_5, config={
+        **QWEN3_5.config, "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "text_config": {**QWEN3_5.config["text_config"], "model_type": "qwen3_5_moe_text", "intermediate_size": OMIT,
+                        **{key: MOE[key] for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")},
+                        "shared_expert_intermediate_size": 64},
+        "vision_config": {**QWEN3_5.config["vision_config"], "model_type": "qwen3_5_moe_vision"}}),
     "tiny-llava": VisionModel(
         config={"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
                 "image_token_index": 512, "projector_hidden_act": "gelu", "vision_feature_layer": -2,
@@ -289,7 +315,7 @@ def write(name: str, fields: dict, tokenizer: bool = True) -> Path:
     out.mkdir(exist_ok=True)
     # A config that nests its text model (text_config) holds the common sizes there only.
     config = fields if "text_config" in fields else {**COMMON, **fields}
-    config = {key: value for key, value in config.items() if value is not OMIT}
+    config = _without_omitted(config)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for file in TOKENIZER_FILES if tokenizer else ():
         shutil.copyfile(TOKENIZER / file, out / file)

@@ -170,9 +170,29 @@ def qwen3_vl_overrides(architectures: list[str]) -> dict[str, list[str]]:
     return overrides
 
 
+def merges_with_vllms_own(architectures: list[str]) -> dict[str, bool]:
+    """For each: whether its vLLM class's module holds vLLM's own _merge_multimodal_embeddings under that name (an
+    import of it, which the fixes swap while their jit traces; Qwen3-VL's module holds it too until the stack's
+    patches replace it with theirs at model load)."""
+    import importlib
+    import sys
+
+    import vllm.model_executor.models.utils as vllm_model_utils
+    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS, _resolve_module_name
+
+    found = {}
+    for arch in architectures:
+        module, class_name = _MULTIMODAL_MODELS[arch]
+        cls = getattr(importlib.import_module(_resolve_module_name(module)), class_name)
+        held = getattr(sys.modules[cls.__module__], "_merge_multimodal_embeddings", None)
+        found[arch] = held is vllm_model_utils._merge_multimodal_embeddings
+    return found
+
+
 grid_jitted_vision = grid_jitted_vision_architectures()
 print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(),
                   "attention_error_hd64": attention_error(hd64=True), "mla_attention_error": mla_attention_error(),
                   "scheduler": scheduler, "grid_jitted_vision": grid_jitted_vision,
                   "qwen3_vl_overrides": qwen3_vl_overrides(grid_jitted_vision),
+                  "merges_with_vllms_own": merges_with_vllms_own(grid_jitted_vision),
                   "quantizations": list(TpuPlatform.supported_quantization)}))

@@ -347,6 +347,48 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
     """A stand-in of Qwen3-VL MoE's vLLM model (a subclass of Qwen3-VL's that changes its text model only)."""
 
 
+class Qwen3_5ForConditionalGeneration:
+    """A stand-in of Qwen3.5's vLLM model, in its module: its embed_input_ids calls the merge that module imported
+    from vLLM."""
+
+    __module__ = "vllm.model_executor.models.qwen3_5"
+    config = SimpleNamespace(vision_config=SimpleNamespace(model_type="qwen3_5"))
+
+
+def qwen3_5_merge_takes_the_one_buffer_in_order(fixes) -> bool:
+    """An embed_input_ids calling Qwen3.5's module's merge, as Qwen3.5's does: jitted by the fix, the step's one
+    buffer (as many rows as the step's padded tokens, target_pad_len; rows past the placeholders' are padding) lands
+    row i at placeholder i; jitted as it is, vLLM's boolean-mask merge writes buffer row i to position i (torchax, a
+    value as long as the target); the module holds vLLM's merge again after the trace."""
+    import torchax
+    import vllm.model_executor.models.qwen3_5 as qwen3_5
+    import vllm.model_executor.models.utils as vllm_model_utils
+    from torchax.interop import jax_view, torch_view
+
+    def stock_embed(wrapper):
+        def embed(params_and_buffers, input_ids, mm_embeds=None, *, is_multimodal=None):
+            with torchax.default_env():
+                text = torch_view(jnp.zeros((input_ids.shape[0], 4), jnp.float32))
+                return jax_view(qwen3_5._merge_multimodal_embeddings(text, [torch_view(mm_embeds)],
+                                                                     torch_view(is_multimodal)))
+        return embed
+
+    wrapper = SimpleNamespace(model=SimpleNamespace(vllm_model=Qwen3_5ForConditionalGeneration()))
+    placeholders, mask = [2, 3, 6], np.zeros(8, bool)
+    mask[placeholders] = True
+    buffer = np.arange(8 * 4, dtype=np.float32).reshape(8, 4) + 1  # 3 placeholders' rows, then 5 of padding
+    expected = np.zeros((8, 4), np.float32)
+    expected[placeholders] = buffer[:3]
+    step = (None, jnp.zeros(8, jnp.int32), jnp.asarray(buffer))
+    ours = np.asarray(fixes._merged_in_one_jit(stock_embed)(wrapper)(*step, is_multimodal=jnp.asarray(mask)))
+    try:
+        as_is = np.asarray(jax.jit(stock_embed(wrapper))(*step, is_multimodal=jnp.asarray(mask)))
+    except Exception:  # noqa: BLE001 - a merge that cannot take the buffer at all is as wrong as a misplaced one
+        as_is = None
+    return (np.array_equal(ours, expected) and not np.array_equal(as_is, expected)
+            and qwen3_5._merge_multimodal_embeddings is vllm_model_utils._merge_multimodal_embeddings)
+
+
 def batch_tower(params_and_buffers, modality=None, **kwargs):
     """The stack's embed_multimodal_fn on the torchax path, stood in: each image's rows (2 x 2 pixels, 2 rows of 6)
     depend on its own pixels alone, the batch's embeddings one (images, tokens, width) array."""
@@ -394,6 +436,8 @@ def check_torchax_images(rng, cases, fixes) -> list:
         mismatches.append({"case": "which models the fixes jit"})
     if not deepstack_rows_left_behind_by_no_trace(fixes, qwen3_vl):
         mismatches.append({"case": "Qwen3-VL deepstack rows kept across traces"})
+    if not qwen3_5_merge_takes_the_one_buffer_in_order(fixes):
+        mismatches.append({"case": "Qwen3.5's merge over the one buffer"})
     return mismatches
 
 

@@ -32,9 +32,9 @@ from .conftest import REPO, run_jax
 
 CONFIG = REPO / "configs" / "multimodal-jax.yaml"
 # Qwen2.5-VL with images by grid, and of any size (enable_dynamic_image_sizes); Gemma 4; Llama Guard 4; LLaVA;
-# Qwen3-VL; Qwen3-VL MoE
+# Qwen3-VL; Qwen3-VL MoE; Qwen3.5
 EVERY_ENTRY = load_matrix(CONFIG).entries
-ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL, QWEN3_VL_MOE = EVERY_ENTRY
+ENTRY, DYNAMIC, GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL, QWEN3_VL_MOE, QWEN3_5 = EVERY_ENTRY
 MULTIMODAL_FAMILIES = {"input_embeddings_merger", "input_embeddings_merger_text_only", "backbone_with_embeds"}
 
 
@@ -283,6 +283,27 @@ def test_qwen3_vl_moe_plans_what_qwen3_vl_does_at_its_shapes():
     assert hf_config(QWEN3_VL_MOE)["text_config"]["num_experts"] > 1
 
 
+def test_cosmos3_plans_what_qwen3_vl_does():
+    """Cosmos 3's reasoner is vLLM's subclass of Qwen3-VL's model changing only its weight-name mapping (no method:
+    test_plan_jax.py), over a Qwen3-VL text and vision config: its plan is Qwen3-VL's at the same entry."""
+    tiny = REPO / "configs" / "models" / "tiny-cosmos3"
+    cosmos3 = dataclasses.replace(QWEN3_VL, model=str(tiny), model_path=str(tiny))
+    assert hf_config(cosmos3)["architectures"] == ["Cosmos3ForConditionalGeneration"]
+    assert [g.key for g in plan_entry(cosmos3).graphs] == [g.key for g in plan_entry(QWEN3_VL).graphs]
+
+
+def test_qwen3_5_plans_what_qwen3_vl_does_at_its_shapes():
+    """Qwen3.5 runs Qwen3-VL's tower (no deepstack levels) through the stack's budget manager and its own input
+    embedding, jitted by the fixes per token bucket; its linear-attention layers' state slots are backbone inputs,
+    not shapes: its plan is Qwen3-VL's at the same step and length."""
+    dense = dataclasses.replace(QWEN3_VL, max_model_len=QWEN3_5.max_model_len,
+                                max_num_batched_tokens=QWEN3_5.max_num_batched_tokens)
+    assert [g.key for g in plan_entry(QWEN3_5).graphs] == [g.key for g in plan_entry(dense).graphs]
+    text = hf_config(QWEN3_5)["text_config"]
+    assert "linear_attention" in text["layer_types"] and "deepstack_visual_indexes" not in hf_config(QWEN3_5)[
+        "vision_config"]
+
+
 def test_the_serving_fixes_jit_the_merge_of_every_architecture_planned_as_qwen3_vl():
     """The fixes run in the stack's process and name the classes themselves: the set the plan follows on Qwen3-VL's
     path and the set whose input embedding the fixes jit (aotc's one-buffer place_encoder_rows) are one."""
@@ -317,7 +338,7 @@ def test_multimodal_entry_builds_every_planned_graph_and_only_those(built, entry
 
 @pytest.mark.slow
 @pytest.mark.parametrize("entry, seeds", [(ENTRY, (1, 2)), (DYNAMIC, (1,)), (GEMMA4, (1,)), (LLAMA_GUARD_4, (1,)),
-                                           (LLAVA, (1,)), (QWEN3_VL, (1,)), (QWEN3_VL_MOE, (1,))],
+                                           (LLAVA, (1,)), (QWEN3_VL, (1,)), (QWEN3_VL_MOE, (1,)), (QWEN3_5, (1,))],
                          ids=lambda e: getattr(e, "name", ""))
 def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, jax_env, announce, entry, seeds):
     """Every planned graph loads from the artifact and a fresh server compiles nothing under text and image

@@ -241,11 +241,13 @@ def multimodal_sweep() -> list[dict]:
     # Qwen3-VL MoE: its own class's budget range (one budget at a 64-token step)
     cases += [{"seqs": 8, "tokens": tokens, "extra": {}, "mm_kwargs": None, "entry": QWEN3_VL_MOE}
               for tokens in (64, 256)]
+    # Qwen3.5: its own class (a hybrid text model, no deepstack levels)
+    cases += [{"seqs": 8, "tokens": 64, "extra": {}, "mm_kwargs": None, "entry": QWEN3_5}]
     return cases
 
 
-# configs/multimodal-jax.yaml's gemma4-vision, llama-guard-4, llava, qwen3-vl and qwen3-vl-moe
-GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL, QWEN3_VL_MOE = 2, 3, 4, 5, 6
+# configs/multimodal-jax.yaml's gemma4-vision, llama-guard-4, llava, qwen3-vl, qwen3-vl-moe and qwen3_5
+GEMMA4, LLAMA_GUARD_4, LLAVA, QWEN3_VL, QWEN3_VL_MOE, QWEN3_5 = 2, 3, 4, 5, 6, 7
 
 
 def multimodal_entry(case: dict):
@@ -303,16 +305,19 @@ def test_plan_refuses_multimodal_architectures_it_does_not_follow():
     assert "static argument" not in str(refusal.value)  # no reason of the stack's is claimed where none is known
 
 
-def test_qwen3_vl_subclasses_planned_on_its_path_change_none_of_its_methods(facts):
+def test_qwen3_vl_subclasses_planned_on_its_path_change_none_of_its_methods_but_qwen3_5s_embedding(facts):
     """The architectures planned as Qwen3-VL (qwen3_vl.ARCHITECTURES) are vLLM subclasses of Qwen3-VL's model, which
-    the stack's patches take by isinstance, that define none of its methods anew (the encoder budgets and forward,
-    the embedding and merge, the M-RoPE positions): only their text model differs. Those that do (Qwen3.5's
-    embed_input_ids and forward, for one) stay refused."""
+    the stack's patches take by isinstance. Most define none of its methods anew (the encoder budgets and forward,
+    the embedding and merge, the M-RoPE positions): only their text model or weight names differ. Qwen3.5 (dense and
+    MoE) defines its embed_input_ids and forward, whose merge is vLLM's own imported into its module (the name the
+    fixes swap while their jit traces), and its weight loading. Any other method anew keeps a model refused."""
     overrides = facts["qwen3_vl_overrides"]
     assert qwen3_vl.ARCHITECTURES <= set(overrides)
-    for architecture in qwen3_vl.ARCHITECTURES:
+    for architecture in qwen3_vl.SAME_METHODS_ARCHITECTURES:
         assert overrides[architecture] == [], (architecture, overrides[architecture])
-    assert overrides["Qwen3_5ForConditionalGeneration"], "the check can see an override"
+    for architecture in qwen3_vl.OWN_EMBEDDING_ARCHITECTURES:
+        assert overrides[architecture] == ["embed_input_ids", "forward", "load_weights"], architecture
+        assert facts["merges_with_vllms_own"][architecture], architecture
 
 
 def test_the_refusal_names_the_stacks_per_grid_tower_where_its_own_predicate_jits_one(facts):

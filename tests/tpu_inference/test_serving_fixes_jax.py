@@ -68,7 +68,8 @@ def test_llava_images_each_alone_equal_the_stacks_batch_and_other_vllm_models_ke
     """Encoder batches of one to four images: each image's rows through the fix equal the batch's, as the runner
     takes them; a vLLM model other than LLaVA and Qwen3-VL keeps the stack's unjitted functions and gather's own
     pieces, Qwen3-VL its tower; Qwen3-VL's jitted embedding traces with no deepstack rows of an earlier step and
-    leaves none behind."""
+    leaves none behind; Qwen3.5's, whose module imported vLLM's merge, places the one buffer's rows in order (vLLM's
+    merge, jitted as it is, does not)."""
     assert compared["torchax_images"] == []
 
 

@@ -1,6 +1,7 @@
-"""Qwen3-VL and Qwen3-VL MoE on tpu-inference (vLLM's `Qwen3VLForConditionalGeneration` and its MoE subclass
-through torchax), as plain data: what a step with images compiles, read from the entry and the model's config alone
-(no stack imported). The MoE model differs in its text model only; its experts run through the stack's fused MoE.
+"""Qwen3-VL and its kin on tpu-inference (vLLM's `Qwen3VLForConditionalGeneration` and its subclasses through
+torchax: Qwen3-VL MoE, Cosmos 3, Qwen3.5 dense and MoE), as plain data: what a step with images compiles, read from
+the entry and the model's config alone (no stack imported). They differ in their text model (MoE experts run
+through the stack's fused MoE, Qwen3.5's linear-attention layers through its GDN kernel) and in deepstack levels.
 
 Served with `compilation_config.cudagraph_mm_encoder`, the stack runs the vision tower through its
 MMEncoderJITManager (a subclass of vLLM's EncoderCudaGraphManager): the images of an encoder batch are packed
@@ -17,9 +18,15 @@ from aotc.matrix import Entry
 from aotc.runners.multimodal import image_step_graphs
 
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
-# the architectures that take this path: Qwen3-VL and the subclasses of its vLLM model that change the text model
-# only (the stack's qwen3_vl_patcher and its budget range apply to them as to Qwen3-VL)
-ARCHITECTURES = frozenset({ARCHITECTURE, "Qwen3VLMoeForConditionalGeneration"})
+# the architectures that take this path: Qwen3-VL and the subclasses of its vLLM model that define none of its
+# methods anew, changing the text model or the weight names only (the stack's qwen3_vl_patcher and its budget
+# range apply to them as to Qwen3-VL) ...
+SAME_METHODS_ARCHITECTURES = frozenset({ARCHITECTURE, "Qwen3VLMoeForConditionalGeneration",
+                                        "Cosmos3ForConditionalGeneration"})
+# ... and Qwen3.5 (dense and MoE), whose embed_input_ids and forward are its own: vLLM's merge with no deepstack
+# levels (its tower has none, so the stack's Qwen3-VL patches leave it alone), then its hybrid text model
+OWN_EMBEDDING_ARCHITECTURES = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
+ARCHITECTURES = SAME_METHODS_ARCHITECTURES | OWN_EMBEDDING_ARCHITECTURES
 # Qwen3VLForConditionalGeneration.get_encoder_cudagraph_budget_range: its smallest budget (a 224 x 224 image's
 # tokens); the largest is min(max_num_batched_tokens, max_model_len)
 MIN_BUDGET = 64

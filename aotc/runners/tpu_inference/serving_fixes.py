@@ -71,10 +71,12 @@ MULTIMODAL_MANAGER = "tpu_inference.runner.multimodal_manager"
 VLLM_MODEL_WRAPPER = "tpu_inference.models.vllm.vllm_model_wrapper"
 MM_ENCODER_JIT_MANAGER = "tpu_inference.runner.mm_encoder_jit_manager"
 # vLLM models on the torchax path whose image steps the fixes jit (planned by aotc/runners/tpu_inference/buckets.py):
-# LLaVA's tower and merge; Qwen3-VL's (and Qwen3-VL MoE's) merge alone (the tower runs through the stack's
-# MMEncoderJITManager)
+# LLaVA's tower and merge; the merge alone of Qwen3-VL and its kin (qwen3_vl.ARCHITECTURES: their tower runs
+# through the stack's MMEncoderJITManager)
 JITTED_TORCHAX_TOWERS = frozenset({"LlavaForConditionalGeneration"})
-JITTED_TORCHAX_MERGES_ONLY = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"})
+JITTED_TORCHAX_MERGES_ONLY = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                       "Cosmos3ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                                       "Qwen3_5MoeForConditionalGeneration"})
 # set False on an embed_input_ids_fn whose merge needs gather_mm_embeddings' own pieces
 TAKES_ONE_BUFFER = "_aotc_takes_one_buffer"
 INSTALLED = "_aotc_serving_fix"
@@ -330,13 +332,30 @@ def _merged_in_one_jit(wrap):
             # traced once per token bucket: vLLM's merge is swapped while the trace runs (Qwen3-VL's module holds
             # the stack's own merge, a gather of the rows in order already); the stack's Qwen3-VL patches keep
             # the step's deepstack rows on the model, so each trace starts from none and leaves no tracer behind
-            with (attribute_set(vllm_model_utils, "_merge_multimodal_embeddings", merge_rows_in_order),
+            with (_vllm_merge_swapped_in_the_models_module(vllm_model),
+                  attribute_set(vllm_model_utils, "_merge_multimodal_embeddings", merge_rows_in_order),
                   _no_deepstack_rows_kept(vllm_model)):
                 return embed(params_and_buffers, input_ids, mm_embeds, is_multimodal=is_multimodal)
 
         return jax.jit(embed_input_ids_in_order)
 
     return wrap_in_one_jit
+
+
+@contextlib.contextmanager
+def _vllm_merge_swapped_in_the_models_module(vllm_model):
+    """A model module that imported vLLM's merge under its own name (Qwen3.5's) calls that, not the utils
+    module's: swapped there too, while a module holding another merge (Qwen3-VL's, the stack's own) keeps it."""
+    import sys
+
+    import vllm.model_executor.models.utils as vllm_model_utils
+
+    module = sys.modules[type(vllm_model).__module__]
+    if getattr(module, "_merge_multimodal_embeddings", None) is not vllm_model_utils._merge_multimodal_embeddings:
+        yield
+        return
+    with attribute_set(module, "_merge_multimodal_embeddings", merge_rows_in_order):
+        yield
 
 
 @contextlib.contextmanager

@@ -125,8 +125,8 @@ def multimodal(entry, hf_config: dict | None) -> list[str]:
         return [f"model: the vllm-tpu plan covers the multimodal architectures "
                 f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))} (images of one size after the processor), "
                 f"not {', '.join(sorted(architectures)) or 'this config'}: its encoder's shapes depend on each "
-                "request's images; runner: tpu-inference plans Qwen2.5-VL, Gemma 4, Llama Guard 4, LLaVA, Qwen3-VL "
-                "and Qwen3-VL MoE"]
+                "request's images; runner: tpu-inference plans Qwen2.5-VL, Gemma 4, Llama Guard 4, LLaVA, Qwen3-VL, "
+                "Qwen3-VL MoE and Cosmos 3"]
     per_image, budget = image_tokens(hf_config), entry.max_num_batched_tokens
     if budget < per_image:
         return [f"max_num_batched_tokens: {budget} is below one image's {per_image} tokens, which vLLM 0.13's TPU "
