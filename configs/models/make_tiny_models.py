@@ -190,9 +190,10 @@ QWEN3_VL = VisionModel(
                   "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128}, "patch_size": QWEN3_VL_PATCH,
                   "merge_size": MERGE, "temporal_patch_size": TEMPORAL, "do_resize": True, **NORMALIZE})
 
-# Qwen3.5: Qwen3-VL's tower without deepstack levels (transformers' Qwen3_5VisionConfig has no
-# deepstack_visual_indexes) over a hybrid text model as Qwen3-Next's (gated-delta-net linear attention in layer 0,
-# gated full attention with partial interleaved M-RoPE in layer 1), a dense MLP.
+# Qwen3.5: Qwen3-VL's tower without deepstack levels (an empty deepstack_visual_indexes, as Qwen3.5's checkpoints
+# ship it: vLLM's model then counts as deepstack with 0 levels, and the stack's Qwen3-VL patches apply) over a hybrid
+# text model as Qwen3-Next's (gated-delta-net linear attention in layer 0, gated full attention with partial
+# interleaved M-RoPE in layer 1), a dense MLP.
 QWEN3_5 = dataclasses.replace(QWEN3_VL, config={
     **QWEN3_VL.config, "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
     "text_config": {**COMMON, "model_type": "qwen3_5_text", "vocab_size": 528, "head_dim": 32, "attention_bias": False,
@@ -201,8 +202,7 @@ QWEN3_5 = dataclasses.replace(QWEN3_VL, config={
                     "linear_num_value_heads": 4, "rope_theta": OMIT, "rope_scaling": OMIT,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                         "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
-    "vision_config": {key: value for key, value in QWEN3_VL.config["vision_config"].items()
-                      if key != "deepstack_visual_indexes"} | {"model_type": "qwen3_5"}})
+    "vision_config": {**QWEN3_VL.config["vision_config"], "model_type": "qwen3_5", "deepstack_visual_indexes": []}})
 
 VISION_ZOO: dict[str, VisionModel] = {
     "tiny-qwen2_5-vl": VisionModel(

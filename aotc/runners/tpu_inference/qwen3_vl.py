@@ -23,8 +23,9 @@ ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 # range apply to them as to Qwen3-VL) ...
 SAME_METHODS_ARCHITECTURES = frozenset({ARCHITECTURE, "Qwen3VLMoeForConditionalGeneration",
                                         "Cosmos3ForConditionalGeneration"})
-# ... and Qwen3.5 (dense and MoE), whose embed_input_ids and forward are its own: vLLM's merge with no deepstack
-# levels (its tower has none, so the stack's Qwen3-VL patches leave it alone), then its hybrid text model
+# ... and Qwen3.5 (dense and MoE), whose embed_input_ids and forward are its own: vLLM's merge (its tower has no
+# deepstack levels; with the empty deepstack_visual_indexes its checkpoints ship, the stack's Qwen3-VL patches wrap
+# them, packing none), then its hybrid text model
 OWN_EMBEDDING_ARCHITECTURES = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
 ARCHITECTURES = SAME_METHODS_ARCHITECTURES | OWN_EMBEDDING_ARCHITECTURES
 # Qwen3VLForConditionalGeneration.get_encoder_cudagraph_budget_range: its smallest budget (a 224 x 224 image's
