@@ -103,9 +103,10 @@ def unserved_moe(hf_config: dict | None) -> list[str]:
     for arch in (hf_config or {}).get("architectures") or []:
         reason = UNSERVED_MOE_ARCHITECTURES.get(arch)
         if reason:
-            problems.append(f"model: vLLM 0.13's TPU runner cannot serve {arch}: {reason} "
-                            f"({WHERE_IT_STOPS[reason.split(':')[0]]}); try runner: tpu-inference (kernels of its own; "
-                            "configs/zoo-jax.yaml serves DeepSeek V3, GPT-OSS and Llama 4 there)")
+            where = WHERE_IT_STOPS[reason.partition(":")[0]]
+            problems.append(f"model: vLLM 0.13's TPU runner cannot serve {arch}: {reason} ({where}); try runner: "
+                            "tpu-inference (kernels of its own; configs/zoo-jax.yaml serves DeepSeek V3, GPT-OSS and "
+                            "Llama 4 there)")
     return problems
 
 
@@ -125,8 +126,8 @@ def multimodal(entry, hf_config: dict | None) -> list[str]:
         return [f"model: the vllm-tpu plan covers the multimodal architectures "
                 f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))} (images of one size after the processor), "
                 f"not {', '.join(sorted(architectures)) or 'this config'}: its encoder's shapes depend on each "
-                "request's images; runner: tpu-inference plans Qwen2.5-VL, Gemma 4, Llama Guard 4, LLaVA, Qwen3-VL, "
-                "Qwen3-VL MoE and Cosmos 3"]
+                "request's images; runner: tpu-inference plans Qwen2.5-VL, Gemma 4, Llama Guard 4, LLaVA, and Qwen3-VL "
+                "with its kin (Qwen3-VL MoE, Cosmos 3, Qwen3.5)"]
     per_image, budget = image_tokens(hf_config), entry.max_num_batched_tokens
     if budget < per_image:
         return [f"max_num_batched_tokens: {budget} is below one image's {per_image} tokens, which vLLM 0.13's TPU "
