@@ -150,19 +150,26 @@ def grid_jitted_vision_architectures() -> list[str]:
             return sorted(found)
 
 
+def multimodal_class(arch: str) -> type:
+    """vLLM's class for a multimodal architecture of its registry, its module imported."""
+    import importlib
+
+    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS, _resolve_module_name
+
+    module, class_name = _MULTIMODAL_MODELS[arch]
+    return getattr(importlib.import_module(_resolve_module_name(module)), class_name)
+
+
 def qwen3_vl_overrides(architectures: list[str]) -> dict[str, list[str]]:
     """For each of these architectures whose vLLM class subclasses Qwen3-VL's (which the stack's qwen3_vl_patcher
     patches by isinstance): the methods of Qwen3-VL's class it defines anew."""
-    import importlib
     import inspect
 
     from tpu_inference.models.vllm.experimental.qwen3_vl_patcher import Qwen3VLForConditionalGeneration as Qwen3VL
-    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS, _resolve_module_name
 
     overrides = {}
     for arch in architectures:
-        module, class_name = _MULTIMODAL_MODELS[arch]
-        cls = getattr(importlib.import_module(_resolve_module_name(module)), class_name)
+        cls = multimodal_class(arch)
         if issubclass(cls, Qwen3VL):
             overrides[arch] = sorted(name for name in dir(Qwen3VL) if callable(getattr(Qwen3VL, name))
                                      and not name.startswith("__")
@@ -174,19 +181,12 @@ def merges_with_vllms_own(architectures: list[str]) -> dict[str, bool]:
     """For each: whether its vLLM class's module holds vLLM's own _merge_multimodal_embeddings under that name (an
     import of it, which the fixes swap while their jit traces; Qwen3-VL's module holds it too until the stack's
     patches replace it with theirs at model load)."""
-    import importlib
     import sys
 
     import vllm.model_executor.models.utils as vllm_model_utils
-    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS, _resolve_module_name
 
-    found = {}
-    for arch in architectures:
-        module, class_name = _MULTIMODAL_MODELS[arch]
-        cls = getattr(importlib.import_module(_resolve_module_name(module)), class_name)
-        held = getattr(sys.modules[cls.__module__], "_merge_multimodal_embeddings", None)
-        found[arch] = held is vllm_model_utils._merge_multimodal_embeddings
-    return found
+    return {arch: getattr(sys.modules[multimodal_class(arch).__module__], "_merge_multimodal_embeddings", None)
+            is vllm_model_utils._merge_multimodal_embeddings for arch in architectures}
 
 
 grid_jitted_vision = grid_jitted_vision_architectures()

@@ -325,16 +325,12 @@ def _merged_in_one_jit(wrap):
             setattr(embed, TAKES_ONE_BUFFER, False)
             return embed
         import jax
-        import vllm.model_executor.models.utils as vllm_model_utils
 
         @functools.wraps(embed)
         def embed_input_ids_in_order(params_and_buffers, input_ids, mm_embeds=None, *, is_multimodal=None):
-            # traced once per token bucket: vLLM's merge is swapped while the trace runs (Qwen3-VL's module holds
-            # the stack's own merge, a gather of the rows in order already); the stack's Qwen3-VL patches keep
-            # the step's deepstack rows on the model, so each trace starts from none and leaves no tracer behind
-            with (_vllm_merge_swapped_in_the_models_module(vllm_model),
-                  attribute_set(vllm_model_utils, "_merge_multimodal_embeddings", merge_rows_in_order),
-                  _no_deepstack_rows_kept(vllm_model)):
+            # traced once per token bucket, with vLLM's merge swapped; the stack's Qwen3-VL patches keep the step's
+            # deepstack rows on the model, so each trace starts from none and leaves no tracer behind
+            with _vllm_merge_swapped(vllm_model), _no_deepstack_rows_kept(vllm_model):
                 return embed(params_and_buffers, input_ids, mm_embeds, is_multimodal=is_multimodal)
 
         return jax.jit(embed_input_ids_in_order)
@@ -343,18 +339,20 @@ def _merged_in_one_jit(wrap):
 
 
 @contextlib.contextmanager
-def _vllm_merge_swapped_in_the_models_module(vllm_model):
-    """A model module that imported vLLM's merge under its own name (Qwen3.5's) calls that, not the utils
-    module's: swapped there too, while a module holding another merge (Qwen3-VL's, the stack's own) keeps it."""
+def _vllm_merge_swapped(vllm_model):
+    """vLLM's _merge_multimodal_embeddings is merge_rows_in_order inside the block, in vLLM's utils module and in
+    the model's own module where that imported it under its name (Qwen3.5's); a module holding another merge
+    (Qwen3-VL's: the stack's own, a gather of the rows in order already) keeps it."""
     import sys
 
     import vllm.model_executor.models.utils as vllm_model_utils
 
-    module = sys.modules[type(vllm_model).__module__]
-    if getattr(module, "_merge_multimodal_embeddings", None) is not vllm_model_utils._merge_multimodal_embeddings:
-        yield
-        return
-    with attribute_set(module, "_merge_multimodal_embeddings", merge_rows_in_order):
+    name, vllms = "_merge_multimodal_embeddings", vllm_model_utils._merge_multimodal_embeddings
+    owners = {vllm_model_utils, sys.modules[type(vllm_model).__module__]}
+    with contextlib.ExitStack() as swaps:
+        for owner in owners:
+            if getattr(owner, name, None) is vllms:
+                swaps.enter_context(attribute_set(owner, name, merge_rows_in_order))
         yield
 
 
