@@ -81,6 +81,8 @@ class RunnerEnv(_Frozen):
     NEW_MODEL_DESIGN: Literal[0, 1] | None = None  # tpu-inference: the 7-axis mesh (Llama 4's shardings need it)
     # tpu-inference: its own JAX model or vLLM's through torchax (tpu_inference.envs choices)
     MODEL_IMPL_TYPE: Literal["auto", "vllm", "flax_nnx", "jetpack"] | None = None
+    # tpu-inference: the same for a speculative-decoding draft, which must resolve as its target does
+    DRAFT_MODEL_IMPL_TYPE: Literal["auto", "vllm", "flax_nnx"] | None = None
 
 
 class Settings(_Frozen):

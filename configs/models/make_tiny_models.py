@@ -193,13 +193,14 @@ QWEN3_VL = VisionModel(
 # Qwen3.5: Qwen3-VL's tower without deepstack levels (an empty deepstack_visual_indexes, as Qwen3.5's checkpoints
 # ship it: vLLM's model then counts as deepstack with 0 levels, and the stack's Qwen3-VL patches apply) over a hybrid
 # text model as Qwen3-Next's (gated-delta-net linear attention in layer 0, gated full attention with partial
-# interleaved M-RoPE in layer 1), a dense MLP.
+# interleaved M-RoPE in layer 1), a dense MLP; and one multi-token-prediction layer, as its checkpoints ship (vLLM
+# drafts with it as Qwen3_5MTP under speculative_config method mtp).
 QWEN3_5 = dataclasses.replace(QWEN3_VL, config={
     **QWEN3_VL.config, "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
     "text_config": {**COMMON, "model_type": "qwen3_5_text", "vocab_size": 528, "head_dim": 32, "attention_bias": False,
                     "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
                     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
-                    "linear_num_value_heads": 4, "rope_theta": OMIT, "rope_scaling": OMIT,
+                    "linear_num_value_heads": 4, "mtp_num_hidden_layers": 1, "rope_theta": OMIT, "rope_scaling": OMIT,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                         "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
     "vision_config": {**QWEN3_VL.config["vision_config"], "model_type": "qwen3_5", "deepstack_visual_indexes": []}})

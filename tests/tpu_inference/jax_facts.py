@@ -1,7 +1,8 @@
 """Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): tpu-inference's own answers, as JSON.
 
 stdin: {"paddings": [[max_num_seqs, max_num_batched_tokens, gap, packing], ...],
-        "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill], ...]}
+        "scheduler": [[max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill], ...],
+        "architectures": [architecture, ...] (resolved_implementations)}
 stdout (last line): {"paddings": [{tokens, reqs, attn_reqs}...], "flags": {...}, "attention_error": float,
                      "attention_error_hd64": float, "mla_attention_error": float, ...}
 """
@@ -31,6 +32,7 @@ for seqs, tokens, gap, packing in request["paddings"]:
 
 from vllm.config import SchedulerConfig  # noqa: E402
 
+from tpu_inference.models.common import model_loader  # noqa: E402
 from tpu_inference.platforms.tpu_platform import TpuPlatform  # noqa: E402
 
 
@@ -189,10 +191,51 @@ def merges_with_vllms_own(architectures: list[str]) -> dict[str, bool]:
             is vllm_model_utils._merge_multimodal_embeddings for arch in architectures}
 
 
+def resolved_implementations(architectures: list[str]) -> dict[str, dict[str, str]]:
+    """model_loader.resolve_model_impl_type under MODEL_IMPL_TYPE and DRAFT_MODEL_IMPL_TYPE auto, for each
+    architecture as a target's and as a draft's."""
+    from types import SimpleNamespace
+
+    def config(architecture):
+        hf = SimpleNamespace(architectures=[architecture])
+        return SimpleNamespace(load_config=SimpleNamespace(load_format="auto"),
+                               model_config=SimpleNamespace(hf_config=hf),
+                               speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf)))
+
+    return {arch: {role: model_loader.resolve_model_impl_type(config(arch), is_draft_model=role == "draft")
+                   for role in ("target", "draft")} for arch in architectures}
+
+
+def stack_lines() -> dict[str, bool]:
+    """Whether tpu-inference's code still holds the lines three plan rules stand on (whitespace aside):
+    a multimodal model served as text when every listed modality limit is 0; a step with image embeddings
+    passing no input ids, which the rejection sampler asserts; a draft refused on another implementation."""
+    import inspect
+
+    from tpu_inference.runner.tpu_runner import TPUModelRunner
+    from tpu_inference.spec_decode.jax.eagle3 import Eagle3Proposer
+
+    def code(function) -> str:
+        return " ".join(inspect.getsource(function).split())
+
+    return {
+        "text_only_at_zero_limits": "if mm_limits and all(limit.count == 0 for limit in mm_limits.values()): "
+                                    "disable_mm_from_limits = True" in code(TPUModelRunner.load_model),
+        "image_steps_pass_no_input_ids": "return None, inputs_embeds" in code(TPUModelRunner._get_input_ids_embeds),
+        "rejection_needs_input_ids": "assert input_ids is not None draft_token_ids = self._extract_draft_token_ids("
+                                     in code(TPUModelRunner._sample_from_logits),
+        "draft_on_target_implementation": "if draft_model_impl != target_model_impl: raise ValueError("
+                                          in code(Eagle3Proposer.load_model),
+    }
+
+
 grid_jitted_vision = grid_jitted_vision_architectures()
 print(json.dumps({"paddings": paddings, "flags": flags, "attention_error": attention_error(),
                   "attention_error_hd64": attention_error(hd64=True), "mla_attention_error": mla_attention_error(),
                   "scheduler": scheduler, "grid_jitted_vision": grid_jitted_vision,
                   "qwen3_vl_overrides": qwen3_vl_overrides(grid_jitted_vision),
                   "merges_with_vllms_own": merges_with_vllms_own(grid_jitted_vision),
-                  "quantizations": list(TpuPlatform.supported_quantization)}))
+                  "quantizations": list(TpuPlatform.supported_quantization),
+                  "vllm_preferred": sorted(model_loader._VLLM_PREFERRED_ARCHITECTURES),
+                  "resolved_implementations": resolved_implementations(request.get("architectures", [])),
+                  "stack_lines": stack_lines()}))

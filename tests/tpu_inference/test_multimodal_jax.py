@@ -25,6 +25,7 @@ from aotc.graphs import GraphSpec
 from aotc.matrix import hf_config, load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4, qwen3_vl
+from aotc.runners.tpu_inference import buckets
 from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 
@@ -310,6 +311,41 @@ def test_the_serving_fixes_jit_the_merge_of_every_architecture_planned_as_qwen3_
     from aotc.runners.tpu_inference import serving_fixes
 
     assert serving_fixes.JITTED_TORCHAX_MERGES_ONLY == qwen3_vl.ARCHITECTURES
+
+
+@pytest.mark.parametrize("limits, images", [
+    ({"image": 0, "video": 0}, False), ({"image": 0}, False), ({"image": {"count": 0}, "video": 0}, False),
+    ({}, True), ({"image": 1, "video": 0}, True), ({"image": 0, "video": 1}, True)])
+def test_a_multimodal_model_takes_images_unless_every_modality_limit_listed_is_zero(limits, images):
+    """tpu-inference's own test (its load_model: test_plan_jax.py holds it to the stack's code): a modality the
+    engine leaves out counts 999 to vLLM but not to it."""
+    entry = dataclasses.replace(QWEN3_5, engine={**QWEN3_5.engine, "limit_mm_per_prompt": limits})
+    assert buckets.serves_images(entry, hf_config(entry)) is images
+
+
+def test_a_multimodal_model_served_as_text_plans_its_text_graphs_and_sends_no_image():
+    """At zero limits the stack compiles no encoder, merger or step with images: the plan is the multimodal one
+    without its multimodal graphs, and no sweep or canary sends an image."""
+    text = dataclasses.replace(QWEN3_5, engine={**QWEN3_5.engine, "limit_mm_per_prompt": {"image": 0, "video": 0}})
+    config = hf_config(QWEN3_5)
+    image_graphs = {g.key for g in buckets.multimodal_graphs(QWEN3_5, config, buckets.paddings(QWEN3_5))}
+    assert image_graphs and [g.key for g in plan_entry(text).graphs] == [
+        g.key for g in plan_entry(QWEN3_5).graphs if g.key not in image_graphs]
+    assert buckets.traffic_images(text, config) == ()
+
+
+def test_images_with_speculative_decoding_are_refused_naming_the_stack_and_text_is_planned():
+    """tpu-inference 0.32 feeds a step with image embeddings to the model without input ids, and its rejection
+    sampler asserts them (test_plan_jax.py holds both lines to the stack): the server dies on the first step
+    mixing an image prompt with draft tokens (measured on the stock server with Qwen3.5 and MTP). Served as text,
+    the same entry plans its drafter."""
+    spec = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
+    with_images = dataclasses.replace(QWEN3_5, engine={**QWEN3_5.engine, **spec})
+    with pytest.raises(ValueError, match="cannot serve images with speculative decoding"):
+        plan_entry(with_images)
+    as_text = dataclasses.replace(with_images, engine={**with_images.engine,
+                                                       "limit_mm_per_prompt": {"image": 0, "video": 0}})
+    assert "drafter_propose" in plan_entry(as_text).families()
 
 
 @pytest.mark.parametrize("engine, reason", [

@@ -34,9 +34,39 @@ def sweep() -> list[list[int]]:
     return cases
 
 
+# Targets (the stack prefers vLLM's model for the first) and drafts as vLLM names them: Qwen3.5's MTP layers,
+# MiMo's, an EAGLE-3 head, a DFlash draft, Gemma 4's assistant
+DRAFT_TARGETS = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "LlamaForCausalLM",
+                 "MiMoForCausalLM", "Gemma4ForCausalLM")
+DRAFTS = ("Qwen3_5MoeMTP", "Qwen3_5MTP", "MiMoMTP", "Eagle3LlamaForCausalLM", "DFlashDraftModel", "Gemma4MTPModel")
+
+
 @pytest.fixture(scope="module")
 def facts(jax_env):
-    return run_jax(jax_env, SCRIPT, {"paddings": sweep(), "scheduler": scheduler_sweep()})
+    return run_jax(jax_env, SCRIPT, {"paddings": sweep(), "scheduler": scheduler_sweep(),
+                                     "architectures": [*DRAFT_TARGETS, *DRAFTS]})
+
+
+def test_a_draft_resolves_to_the_implementation_the_rule_says(facts):
+    """rules.draft_implementation: the stack's own resolve_model_impl_type under auto, for targets and drafts alike
+    (the preferred set is the stack's), and no draft vLLM names resolves to vLLM's model; the stack still refuses a
+    draft on another implementation than its target's."""
+    from aotc.runners.tpu_inference import rules
+
+    assert rules.VLLM_PREFERRED_ARCHITECTURES == set(facts["vllm_preferred"])
+    for architecture, resolved in facts["resolved_implementations"].items():
+        expected = rules.resolved_implementation(None, architecture)
+        assert resolved["target"] == resolved["draft"] == expected, architecture
+    assert {facts["resolved_implementations"][draft]["draft"] for draft in DRAFTS} == {"flax_nnx"}
+    assert facts["stack_lines"]["draft_on_target_implementation"]
+
+
+def test_the_stack_still_serves_a_multimodal_model_as_text_at_zero_limits_and_not_images_with_drafts(facts):
+    """buckets.serves_images and the refusal of images with speculative decoding stand on these lines of
+    tpu-inference 0.32 (jax_facts.stack_lines)."""
+    lines = facts["stack_lines"]
+    assert lines["text_only_at_zero_limits"]
+    assert lines["image_steps_pass_no_input_ids"] and lines["rejection_needs_input_ids"]
 
 
 def scheduler_sweep() -> list[list[int]]:

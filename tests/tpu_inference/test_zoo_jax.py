@@ -81,9 +81,10 @@ def test_zoo_entry_verifies_with_zero_misses_and_real_loads(built, jax_env):
 # The stock server for one MoE model of each path a canary reaches differently (every entry builds and
 # verifies above): torchax through vLLM's model (Qwen3-Next, whose MoE takes the path Qwen3-MoE's does, and the
 # one model on the linear-attention path, here with prefix caching: its state saved per block and resumed from
-# it) and tpu-inference's JAX-native model; and DeepSeek V3, the one model on the MLA attention path. The
-# suite's time budget buys three canaries, not one per entry.
-CANARY_MODELS = ["llama4", "qwen3-next-prefix", "deepseek-v3"]
+# it) and tpu-inference's JAX-native model; DeepSeek V3, the one model on the MLA attention path; and Qwen3.5 MoE
+# drafting with its MTP layer, the one MoE whose server takes draft tokens. The suite's time budget buys four
+# canaries, not one per entry.
+CANARY_MODELS = ["llama4", "qwen3-next-prefix", "deepseek-v3", "qwen3_5-moe-mtp"]
 
 
 @pytest.mark.slow
@@ -100,8 +101,31 @@ def test_moe_entry_canary_stock_server_compiles_nothing_after_ready(built, jax_e
     if ENTRIES[model].engine.get("enable_prefix_caching"):
         # the shared-prefix requests took cached blocks (Qwen3-Next: and the state saved with them)
         assert doc["prefix_cache"]["hits"] > 0, doc["prefix_cache"]
+    if ENTRIES[model].engine.get("speculative_config"):
+        served = doc["kinds"]["speculative"]
+        assert served["sent"] > 0 and served["ok"] == served["sent"], served
     announce(f"canary {model}: {doc['requests']} requests, {doc['compiles_after_ready']} compiles after ready, "
              f"prefix cache {doc['prefix_cache']}")
+
+
+def test_a_target_the_stack_runs_on_vllms_model_drafts_only_with_its_draft_set_to_vllm():
+    """tpu-inference prefers vLLM's model for Qwen3.5 MoE and resolves its MTP draft to flax_nnx under auto, and its
+    drafter refuses a draft on another implementation (rules.draft_implementation, held to the stack in
+    test_plan_jax.py): the zoo entry sets DRAFT_MODEL_IMPL_TYPE: vllm, without which the plan names the variable.
+    Dense Qwen3.5's target resolves as its draft does and needs nothing."""
+    import dataclasses
+
+    from aotc.matrix import hf_config
+    from aotc.runners.tpu_inference import rules
+
+    entry = ENTRIES["qwen3_5-moe-mtp"]
+    assert entry.env["DRAFT_MODEL_IMPL_TYPE"] == "vllm" and rules.draft_implementation(entry, hf_config(entry)) == []
+    unset = dataclasses.replace(entry, env={})
+    [reason] = rules.draft_implementation(unset, hf_config(unset))
+    assert reason.startswith("env.DRAFT_MODEL_IMPL_TYPE:") and reason.endswith("set DRAFT_MODEL_IMPL_TYPE: vllm")
+    dense_model = REPO / "configs" / "models" / "tiny-qwen3_5"
+    dense = dataclasses.replace(unset, model=str(dense_model), model_path=str(dense_model))
+    assert rules.draft_implementation(dense, hf_config(dense)) == []
 
 
 REGISTRY = """

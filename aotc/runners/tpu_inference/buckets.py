@@ -130,7 +130,7 @@ def async_scheduling(entry: Entry) -> bool:
 
 def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]:
     """Every `_run_compilation` call tpu-inference makes for this entry, in its order, each shape once."""
-    multimodal = is_multimodal(hf_config)
+    multimodal = serves_images(entry, hf_config)
     if multimodal:
         check_multimodal(entry, hf_config)
     if str(entry.env.get("TPU_MULTIPROCESS_DP", "0")).lower() in ("1", "true"):
@@ -175,6 +175,20 @@ def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]
     return list(dict.fromkeys(graphs))  # a loop that repeats a shape (attention request buckets) compiles it once
 
 
+def serves_images(entry: Entry, hf_config: dict | None) -> bool:
+    """A multimodal model the server takes images for. tpu-inference serves one as a text model, compiling no
+    multimodal graph, when every modality limit the engine lists is 0 (TPUModelRunner.load_model:
+    disable_mm_from_limits; a modality left out counts 999 to vLLM, not to that check)."""
+    limits = entry.engine.get("limit_mm_per_prompt") or {}
+    text_only = bool(limits) and all(_limit_count(limit) == 0 for limit in limits.values())
+    return is_multimodal(hf_config) and not text_only
+
+
+def _limit_count(limit: int | dict) -> int:
+    """A limit_mm_per_prompt value: a count, or vLLM's mapping with one (and a dummy item's size)."""
+    return int(limit.get("count", 999) if isinstance(limit, dict) else limit)
+
+
 def check_multimodal(entry: Entry, hf_config: dict) -> None:
     architectures = set(hf_config.get("architectures") or [])
     if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES:
@@ -190,9 +204,14 @@ def check_multimodal(entry: Entry, hf_config: dict) -> None:
     elif impl not in ("auto", "flax_nnx"):
         raise ValueError(f"{entry.name}: the tpu-inference plan covers {', '.join(sorted(architectures))} on its JAX "
                          "implementation (MODEL_IMPL_TYPE auto or flax_nnx)")
-    if entry.engine.get("enable_lora") or speculative_config(entry) or data_parallel_size(entry) > 1:
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models without LoRA, "
-                         "speculative decoding or data parallelism")
+    if speculative_config(entry):
+        raise ValueError(f"{entry.name}: tpu-inference 0.32 cannot serve images with speculative decoding: a step "
+                         "with image embeddings runs the model on them and no input ids, which its rejection sampler "
+                         "needs (TPUModelRunner._sample_from_logits asserts them; the engine core dies). Serve it as "
+                         "text (limit_mm_per_prompt 0 for every modality) or without speculative decoding")
+    if entry.engine.get("enable_lora") or data_parallel_size(entry) > 1:
+        raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models without LoRA or data "
+                         "parallelism")
     if gemma4_vision.is_gemma4_vision(hf_config):
         gemma4_vision.check(entry)
     if llama_guard_4.is_llama_guard_4(hf_config):
@@ -324,7 +343,7 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
     stack compiled its encoder for), else DYNAMIC_IMAGE_SHAPES with enable_dynamic_image_sizes, else
     DEFAULT_IMAGE_SHAPES. An image of a multiple of patch_size x
     spatial_merge_size pixels a side keeps its size through the processor, one token per merged patch."""
-    if not is_multimodal(hf_config):
+    if not serves_images(entry, hf_config):
         return ()
     if gemma4_vision.is_gemma4_vision(hf_config):
         return gemma4_vision.traffic_images(entry, hf_config)

@@ -4,7 +4,7 @@ plus tpu-inference's TpuPlatform's. Held against their code by tests/tpu_inferen
 from __future__ import annotations
 
 from aotc.runners import vllm_rules
-from aotc.runners.tpu_inference.buckets import additional_config, speculative_config
+from aotc.runners.tpu_inference.buckets import DRAFTER_METHODS, additional_config, implied_env, speculative_config
 
 # tpu_inference.platforms.tpu_platform.TpuPlatform.supported_quantization
 QUANTIZATIONS = ("compressed-tensors", "auto_awq", "fp8", "gpt_oss_mxfp4", "modelopt_fp4", "deepseek_v4_fp8",
@@ -15,7 +15,8 @@ def validate(entry, hf_config: dict | None) -> list[str]:
     # CacheConfig.block_size is any positive int in vLLM 0.32 (the schema's minimum of 1 already says so)
     return (vllm_rules.common(entry, hf_config) + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform")
             + untied_jax_qwen2(entry, hf_config) + mla_settings(entry, hf_config)
-            + dflash_untied_target(entry, hf_config) + jax_deepseek_v3(entry, hf_config))
+            + dflash_untied_target(entry, hf_config) + jax_deepseek_v3(entry, hf_config)
+            + draft_implementation(entry, hf_config))
 
 
 def on_jax_path(entry) -> bool:
@@ -151,3 +152,38 @@ def jax_deepseek_v3(entry, hf_config: dict | None) -> list[str]:
         return []
     return ["env.MODEL_IMPL_TYPE: tpu-inference 0.32's JAX DeepseekV3ForCausalLM serves only " + "; and ".join(reasons)
             + "; set MODEL_IMPL_TYPE: vllm (vLLM's DeepseekV3 through torchax)"]
+
+
+# tpu_inference.models.common.model_loader._VLLM_PREFERRED_ARCHITECTURES: MODEL_IMPL_TYPE auto resolves these to
+# vLLM's model (torchax), any other architecture to flax_nnx (which falls back to vLLM's model at load when the
+# stack has no JAX one, but still counts as flax_nnx below).
+VLLM_PREFERRED_ARCHITECTURES = frozenset({"GptOssForCausalLM", "Qwen3MoeForCausalLM", "KimiK25ForConditionalGeneration",
+                                          "Qwen3_5MoeForConditionalGeneration"})
+
+
+def resolved_implementation(setting: str | None, architecture: str) -> str:
+    """model_loader.resolve_model_impl_type: the variable's value, or for auto the architecture's default."""
+    setting = str(setting or "auto").lower()
+    if setting != "auto":
+        return setting
+    return "vllm" if architecture in VLLM_PREFERRED_ARCHITECTURES else "flax_nnx"
+
+
+def draft_implementation(entry, hf_config: dict | None) -> list[str]:
+    """tpu-inference 0.32's drafter (Eagle3Proposer.load_model) raises "The implementation of the draft model
+    must be the same as the target model" unless MODEL_IMPL_TYPE and DRAFT_MODEL_IMPL_TYPE resolve alike. No
+    draft architecture vLLM names (an MTP head, EAGLE-3, DFlash, Gemma 4's assistant) is a preferred one, so under
+    auto a draft resolves to flax_nnx, and a target the stack prefers on vLLM's model (Qwen3.5 MoE with its MTP
+    layers) fails at start-up unless the draft is set to vllm too."""
+    method = (speculative_config(entry) or {}).get("method")
+    if method not in DRAFTER_METHODS or not hf_config:
+        return []
+    env = {**implied_env(entry), **{key: str(value) for key, value in entry.env.items()}}
+    architecture = (hf_config.get("architectures") or [""])[0]
+    target = resolved_implementation(env.get("MODEL_IMPL_TYPE"), architecture)
+    draft = resolved_implementation(env.get("DRAFT_MODEL_IMPL_TYPE"), "")
+    if target == draft:
+        return []
+    return [f"env.DRAFT_MODEL_IMPL_TYPE: tpu-inference 0.32 runs a draft only on its target's implementation "
+            f"(Eagle3Proposer: 'The implementation of the draft model must be the same as the target model'); "
+            f"{architecture} resolves to {target}, the draft to {draft}; set DRAFT_MODEL_IMPL_TYPE: {target}"]
