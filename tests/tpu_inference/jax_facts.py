@@ -213,6 +213,7 @@ def stack_lines() -> dict[str, bool]:
     import inspect
 
     from tpu_inference.runner.tpu_runner import TPUModelRunner
+    from tpu_inference.spec_decode.jax.dflash import DFlashProposer
     from tpu_inference.spec_decode.jax.eagle3 import Eagle3Proposer
 
     def code(function) -> str:
@@ -224,8 +225,9 @@ def stack_lines() -> dict[str, bool]:
         "image_steps_pass_no_input_ids": "return None, inputs_embeds" in code(TPUModelRunner._get_input_ids_embeds),
         "rejection_needs_input_ids": "assert input_ids is not None draft_token_ids = self._extract_draft_token_ids("
                                      in code(TPUModelRunner._sample_from_logits),
-        "draft_on_target_implementation": "if draft_model_impl != target_model_impl: raise ValueError("
-                                          in code(Eagle3Proposer.load_model),
+        "draft_on_target_implementation": all("if draft_model_impl != target_model_impl: raise ValueError("
+                                              in code(proposer.load_model)
+                                              for proposer in (Eagle3Proposer, DFlashProposer)),
     }
 
 

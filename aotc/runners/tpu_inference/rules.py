@@ -170,20 +170,21 @@ def resolved_implementation(setting: str | None, architecture: str) -> str:
 
 
 def draft_implementation(entry, hf_config: dict | None) -> list[str]:
-    """tpu-inference 0.32's drafter (Eagle3Proposer.load_model) raises "The implementation of the draft model
-    must be the same as the target model" unless MODEL_IMPL_TYPE and DRAFT_MODEL_IMPL_TYPE resolve alike. No
-    draft architecture vLLM names (an MTP head, EAGLE-3, DFlash, Gemma 4's assistant) is a preferred one, so under
-    auto a draft resolves to flax_nnx, and a target the stack prefers on vLLM's model (Qwen3.5 MoE with its MTP
-    layers) fails at start-up unless the draft is set to vllm too."""
+    """tpu-inference 0.32's drafters (Eagle3Proposer, DFlashProposer: load_model) raise a ValueError at start-up
+    unless MODEL_IMPL_TYPE and DRAFT_MODEL_IMPL_TYPE resolve alike. No draft architecture vLLM names (an MTP
+    head, EAGLE-3, DFlash, Gemma 4's assistant) is a preferred one, so under auto a draft resolves to flax_nnx,
+    and a target the stack prefers on vLLM's model (Qwen3.5 MoE with its MTP layers) fails at start-up unless
+    the draft is set to vllm too."""
     method = (speculative_config(entry) or {}).get("method")
     if method not in DRAFTER_METHODS or not hf_config:
         return []
     env = {**implied_env(entry), **{key: str(value) for key, value in entry.env.items()}}
     architecture = (hf_config.get("architectures") or [""])[0]
     target = resolved_implementation(env.get("MODEL_IMPL_TYPE"), architecture)
-    draft = resolved_implementation(env.get("DRAFT_MODEL_IMPL_TYPE"), "")
+    draft = resolved_implementation(env.get("DRAFT_MODEL_IMPL_TYPE"), "")  # no draft name is a preferred one
     if target == draft:
         return []
     return [f"env.DRAFT_MODEL_IMPL_TYPE: tpu-inference 0.32 runs a draft only on its target's implementation "
-            f"(Eagle3Proposer: 'The implementation of the draft model must be the same as the target model'); "
+            f"(its drafter's load_model raises otherwise: 'The implementation of the draft model must be the same "
+            f"as the target model'); "
             f"{architecture} resolves to {target}, the draft to {draft}; set DRAFT_MODEL_IMPL_TYPE: {target}"]
