@@ -24,8 +24,7 @@ import pytest
 from aotc.graphs import GraphSpec
 from aotc.matrix import hf_config, load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4, qwen3_vl
-from aotc.runners.tpu_inference import buckets
+from aotc.runners.tpu_inference import buckets, gemma4_vision, llama_guard_4, qwen3_vl
 from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 
@@ -317,8 +316,8 @@ def test_the_serving_fixes_jit_the_merge_of_every_architecture_planned_as_qwen3_
     ({"image": 0, "video": 0}, False), ({"image": 0}, False), ({"image": {"count": 0}, "video": 0}, False),
     ({}, True), ({"image": 1, "video": 0}, True), ({"image": 0, "video": 1}, True)])
 def test_a_multimodal_model_takes_images_unless_every_modality_limit_listed_is_zero(limits, images):
-    """tpu-inference's own test (its load_model: test_plan_jax.py holds it to the stack's code): a modality the
-    engine leaves out counts 999 to vLLM but not to it."""
+    """The stack's own rule (TPUModelRunner.load_model; test_plan_jax.py holds it to the stack's code): a modality
+    the engine leaves out counts 999 to vLLM but not to that rule."""
     entry = dataclasses.replace(QWEN3_5, engine={**QWEN3_5.engine, "limit_mm_per_prompt": limits})
     assert buckets.serves_images(entry, hf_config(entry)) is images
 
