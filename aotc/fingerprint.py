@@ -41,22 +41,6 @@ def digest_of(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(inputs)).hexdigest()
 
 
-def runner_env(entry: Entry, environ: dict[str, str]) -> dict[str, str]:
-    """The runner-read variables as the build will set them: the config's value, else what the runner
-    implies for the entry (``RunnerSpec.implied_env``), else the process's."""
-    runner = entry.backend
-    implied = runner.implied_env(entry)
-    env = {}
-    for var in runner.env_vars:
-        if var in entry.env:
-            env[var] = str(entry.env[var])
-        elif var in implied:
-            env[var] = implied[var]
-        elif var in environ:
-            env[var] = environ[var]
-    return env
-
-
 def code_digest(modules: tuple[str, ...]) -> str:
     """sha256 over the modules' source files, found by path and never imported (a twin module imports its
     stack). The bytes, not a parse: the guard and the runner compute this under other Python versions."""
@@ -127,7 +111,7 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_b
         "engine": {k: v for k, v in graph_args(entry.engine).items() if k != kv.OVERRIDE},
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
         "kv_blocks": entry_kv_blocks(entry, environ) if kv_blocks is _SIZED else kv_blocks,
-        "env": runner_env(entry, environ),
+        "env": entry.backend.runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
         "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry.backend.entry_flags(entry)),
     }

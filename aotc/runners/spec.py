@@ -96,6 +96,20 @@ class RunnerSpec:
         """Values of ``env_vars`` the entry implies when the matrix sets none (e.g. LoRA's model code)."""
         return self._derived("implied_env", entry, {})
 
+    def runner_env(self, entry: Any, environ: Mapping[str, str]) -> dict[str, str]:
+        """The runner-read variables as the build will set them: the matrix's value, else what the runner
+        implies for the entry (``implied_env``), else the process's."""
+        implied = self.implied_env(entry)
+        env = {}
+        for var in self.env_vars:
+            if var in entry.env:
+                env[var] = str(entry.env[var])
+            elif var in implied:
+                env[var] = implied[var]
+            elif var in environ:
+                env[var] = environ[var]
+        return env
+
     def traffic_images(self, entry: Any, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
         """(height, width, image tokens) of the images a server of this entry is sent (the sweep's and the
         canary's); () for a text model."""

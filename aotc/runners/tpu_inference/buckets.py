@@ -577,7 +577,7 @@ def bucket_summary(entry: Entry) -> dict:
 
 
 def implied_env(entry: Entry) -> dict[str, str]:
-    """Runner variables this entry sets (fingerprint.runner_env): LoRA runs on vLLM's model code.
+    """Runner variables this entry sets (RunnerSpec.runner_env): LoRA runs on vLLM's model code.
 
     tpu-inference 0.32 serves LoRA only through vLLM's model implementation (MODEL_IMPL_TYPE=vllm, run by
     torchax): its own JAX models load no LoRA manager, and a server started with --enable-lora on them

@@ -175,12 +175,10 @@ def draft_implementation(entry, hf_config: dict | None) -> list[str]:
     head, EAGLE-3, DFlash, Gemma 4's assistant) is a preferred one, so under auto a draft resolves to flax_nnx,
     and a target the stack prefers on vLLM's model (Qwen3.5 MoE with its MTP layers) fails at start-up unless
     the draft is set to vllm too."""
-    from aotc.fingerprint import runner_env
-
     method = (speculative_config(entry) or {}).get("method")
     if method not in DRAFTER_METHODS or not hf_config:
         return []
-    env = runner_env(entry, environ={})  # the matrix's values, else the runner's implied ones (LoRA: vllm)
+    env = entry.backend.runner_env(entry, environ={})  # the matrix's values, else the implied ones (LoRA: vllm)
     architecture = (hf_config.get("architectures") or [""])[0]
     target = resolved_implementation(env.get("MODEL_IMPL_TYPE"), architecture)
     draft = resolved_implementation(env.get("DRAFT_MODEL_IMPL_TYPE"), "")  # no draft name is a preferred one
