@@ -64,17 +64,21 @@ def test_publish_then_fetch_gives_the_same_bytes(built, tmp_path):
 
 
 def test_verify_fails_naming_the_family_when_a_cache_file_is_missing(built, tmp_path):
+    """One file gone of a capture graph (backbone) and one of a graph only the traffic sweep reached
+    (runtime): verify names each with its family."""
     damaged = tmp_path / ENTRY
     shutil.copytree(built, damaged)
     manifest = json.loads((damaged / "manifest.json").read_text())
-    victim = next(g for g in manifest["graphs"] if g["family"] == "backbone")
-    (damaged / "cache" / victim["keys"][0]).unlink()
+    victims = {family: next(g["keys"][0] for g in manifest["graphs"] if g["family"] == family and g["keys"])
+               for family in ("backbone", "runtime")}
+    for key in victims.values():
+        (damaged / "cache" / key).unlink()
     proc = run_aotc("verify", damaged, "--json")
     assert proc.returncode == 1, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
-    assert result["misses"] >= 1
-    assert "backbone" in {m["family"] for m in result["missed"]}
-    assert "NOT COVERED" in result["verdict"]
+    missed = {(m["family"], m["key"]) for m in result["missed"]}
+    assert set(victims.items()) <= missed, result["missed"]
+    assert result["verdict"].startswith("NOT COVERED") and all(f in result["verdict"] for f in victims)
 
 
 def test_an_artifact_that_failed_verify_is_not_published(built, tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -165,10 +164,6 @@ def verify(build_run: RunnerRun, workdir: Path, cache_dir: Path | None = None,
 def cache_files(cache_dir: Path) -> dict[str, tuple[int, int]]:
     return {p.relative_to(cache_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in cache_dir.rglob("*") if p.is_file()}
-
-
-def copy_cache(src: str, dest: Path) -> Path:
-    return Path(shutil.copytree(src, dest))
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from aotc.build import plan_coverage
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.runners.protocol import BuildResult
 
-from .conftest import VERIFY_SEED, build, cache_files, copy_cache, demo_entry, verify
+from .conftest import VERIFY_SEED, build, cache_files, demo_entry
 
 pytestmark = pytest.mark.slow
 
@@ -80,18 +80,3 @@ def test_runtime_sweep_records_mixed_sampling_graph_and_verify_replays_it(demo_b
     assert verified["misses"] == 0
     assert verified["found"] >= len({k for g in runtime for k in g["keys"]})
 
-
-# backbone (a capture family) is covered through the CLI in tests/test_e2e.py
-@pytest.mark.parametrize("family", ["runtime"])
-def test_deleting_one_cache_file_fails_verify_and_names_the_family(demo_build, tmp_path, family):
-    group = "runtime" if family == "runtime" else "calls"
-    key = next(g["keys"][0] for g in demo_build.result[group] if g["family"] == family)
-    damaged = copy_cache(demo_build.request["cache_dir"], tmp_path / "cache")
-    (damaged / key).unlink()
-
-    run = verify(demo_build, tmp_path / "verify", cache_dir=damaged)
-
-    assert run.returncode == 1
-    assert run.result["misses"] >= 1
-    assert {"family": family, "key": key} in [{"family": m["family"], "key": m["key"]} for m in run.result["missed"]]
-    assert family in run.result["error"]
