@@ -76,6 +76,7 @@ def test_verify_fails_naming_the_family_when_a_cache_file_is_missing(built, tmp_
     proc = run_aotc("verify", damaged, "--json")
     assert proc.returncode == 1, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
+    assert result["misses"] >= len(victims)
     missed = {(m["family"], m["key"]) for m in result["missed"]}
     assert set(victims.items()) <= missed, result["missed"]
     assert result["verdict"].startswith("NOT COVERED") and all(f in result["verdict"] for f in victims)
