@@ -259,8 +259,9 @@ def plan_coverage(plan: BuildPlan, result: BuildResult) -> tuple[list[GraphRecor
     for spec in plan.graphs:
         matched = calls.get(spec.key, [])
         keys = tuple(sorted({k for call in matched for k in call.keys}))
+        compiled = max((c.compiled for c in matched), key=lambda f: f.get("peak_memory_bytes", 0), default={})
         graphs.append(GraphRecord(spec.family, spec.shape_dict, keys, sum(c.compile_seconds for c in matched),
-                                  spec.beyond_warmup))
+                                  spec.beyond_warmup, compiled))
         if not matched:
             problems.append(f"planned graph was never compiled by the runner: {spec.family}[{spec.label}]")
         elif not keys:
@@ -374,7 +375,8 @@ def make_manifest(plan: BuildPlan, fp: Fingerprint, artifact_dir: Path, result: 
         extra={"build": {"entry": entry.to_dict(), "planned": len(plan.graphs), **build_options,
                          "engine_start_seconds": result.engine_start_seconds,
                          "traffic_seconds": result.traffic_seconds,
-                         "xla_compile_seconds": result.xla_compile_seconds}},
+                         "xla_compile_seconds": result.xla_compile_seconds},
+               **({"target": result.target} if result.target else {})},
     )
 
 

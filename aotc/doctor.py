@@ -37,6 +37,16 @@ def environment_inputs(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return {name: runner_inputs(spec, environ) for name, spec in sorted(registered().items())}
 
 
+def tpu_targets(runners: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per runner whose stack is installed and compiles for a TPU without one: the topologies it can target."""
+    targets = {}
+    for name in runners:
+        spec = load_runner(name)
+        if spec.tpu_targets_on_cpu_host and "error" not in runners[name]["versions"]:
+            targets[name] = spec.tpu_targets()
+    return targets
+
+
 def run_doctor(probe: bool = True) -> dict[str, Any]:
     runners = environment_inputs()
     report: dict[str, Any] = {
@@ -52,6 +62,7 @@ def run_doctor(probe: bool = True) -> dict[str, Any]:
         if runner != DEFAULT_RUNNER and "error" in info["versions"]:
             hint = f"{load_runner(runner).python_env} names its interpreter"
             report["problems"].append(f"{runner}: {info['versions']['error']} ({hint})")
+    report["tpu_targets"] = tpu_targets(runners)
     spec = load_runner(DEFAULT_RUNNER)
     if probe and not missing and (loadability := spec.probe()) is not None:
         report["loadability"] = loadability

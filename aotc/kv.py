@@ -24,6 +24,7 @@ from aotc.files import aotc_home, canonical_json
 from aotc.matrix import Entry
 from aotc.runners.flags import FLAG_ENV_VARS
 from aotc.runners.kv_sizing import OVERRIDE
+from aotc.runners.tpu_host import has_tpu
 SIZING_TIMEOUT = 900
 
 
@@ -47,7 +48,7 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
     if not size:
         raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on its "
                          f"device, and it was not sized here; pin engine.{OVERRIDE}")
-    if entry.device == "tpu" and not has_tpu():
+    if entry.device == "tpu" and not has_tpu() and not entry.backend.tpu_targets_on_cpu_host:
         raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on a TPU "
                          f"({entry.accelerator}) and this host has none: run on the pod's TPU type, or pin "
                          f"engine.{OVERRIDE}")
@@ -60,18 +61,6 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
     except OSError:
         pass  # a read-only home only costs the next command another sizing
     return blocks
-
-
-# PCI vendor id of Google's TPU chips (what tpu-info and libtpu look for under /sys/bus/pci/devices)
-GOOGLE_PCI_VENDOR = "0x1ae0"
-
-
-def has_tpu(pci_devices: Path = Path("/sys/bus/pci/devices")) -> bool:
-    """Whether this host has a TPU chip: a TPU entry sized anywhere else would start the stack for nothing."""
-    try:
-        return any((device / "vendor").read_text().strip() == GOOGLE_PCI_VENDOR for device in pci_devices.iterdir())
-    except OSError:
-        return False
 
 
 def sizing_path(key: dict[str, Any], environ: dict[str, str]) -> Path:

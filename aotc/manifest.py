@@ -46,18 +46,21 @@ class GraphRecord:
     keys: tuple[str, ...] = ()
     compile_seconds: float = 0.0
     beyond_warmup: bool = False  # the stack's warm-up skips it; aotc compiled it (GraphSpec.beyond_warmup)
+    compiled: dict[str, int] = field(default_factory=dict)  # a TPU target's compiler figures (protocol.Graph)
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "shape": dict(self.shape), "keys": list(self.keys),
                 "compile_seconds": round(self.compile_seconds, 4),
-                **({"beyond_warmup": True} if self.beyond_warmup else {})}
+                **({"beyond_warmup": True} if self.beyond_warmup else {}),
+                **({"compiled": dict(self.compiled)} if self.compiled else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GraphRecord:
         return cls(family=data["family"], shape=dict(data.get("shape", {})),
                    keys=tuple(data.get("keys", ())),
                    compile_seconds=float(data.get("compile_seconds", 0.0)),
-                   beyond_warmup=bool(data.get("beyond_warmup", False)))
+                   beyond_warmup=bool(data.get("beyond_warmup", False)),
+                   compiled={str(k): int(v) for k, v in (data.get("compiled") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class VerifySummary:
     replayed_graphs: int = 0
     traffic_requests: int = 0
     loadable: bool = False
+    unproven: str | None = None  # why the host that verified could not show a load (VerifyResult.unproven)
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,12 @@ def render_doctor(report: dict[str, Any], console) -> None:
                 console.print(f"  {name:14} {version or '[dim]not installed[/dim]'}")
         console.print(f"  runner env: {info['env'] or '{}'}")
         console.print(f"  xla flags:  {info['xla_flags'] or '[]'}")
+    for runner, targets in report.get("tpu_targets", {}).items():
+        console.print(f"TPU targets {runner} compiles for on this host (no TPU needed):")
+        for target in targets:
+            said = target.get("error") or (f"{target['topology']}, {target['devices']} x {target['device_kind']}, "
+                                           f"{target['platform_version'].splitlines()[-1]}")
+            console.print(f"  {target['accelerator']:8} {said}")
     for problem in report.get("problems", []):
         console.print(f"[red]{problem}[/red]")
     probe = report.get("loadability")

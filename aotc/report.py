@@ -150,6 +150,8 @@ def verdict(summary: VerifySummary | None) -> tuple[str, str]:
         return "missing", f"NOT COVERED: {summary.misses} miss(es)"
     if summary.loadable:
         return "compiled", "covered and loadable"
+    if summary.unproven:
+        return "extra", f"covered, loadability unproven ({summary.unproven})"
     return "extra", "covered, not loadable (a server still compiles)"
 
 

@@ -38,6 +38,7 @@ class VerifyReport:
     seed: int = 0
     warnings: tuple[str, ...] = field(default_factory=tuple)
     problem: str | None = None  # the runner's own failure verdict, e.g. a compile that bypassed the cache
+    unproven: str | None = None  # why this host cannot show a load (a TPU artifact on a host without a TPU)
 
     @property
     def ok(self) -> bool:
@@ -53,18 +54,20 @@ class VerifyReport:
             return f"NOT COVERED: {self.problem}"
         if self.loadable:
             return "covered and loadable: every graph was found in the cache and loaded"
+        if self.unproven:
+            return f"covered, loadability unproven: every graph's key was found in the cache; {self.unproven}"
         return ("covered, not loadable: every graph was found in the cache, but this stack could not load "
                 "the entries (torch_xla 2.9.0, pytorch/xla#9094), so a server still compiles them")
 
     def summary(self) -> VerifySummary:
         return VerifySummary(misses=self.misses, replayed_graphs=self.replayed_graphs,
-                             traffic_requests=self.traffic_requests, loadable=self.loadable)
+                             traffic_requests=self.traffic_requests, loadable=self.loadable, unproven=self.unproven)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "verdict": self.verdict, "artifact_dir": self.artifact_dir, "entry": self.entry,
                 "fingerprint": self.fingerprint, "misses": self.misses, "missed": list(self.missed),
                 "replayed_graphs": self.replayed_graphs, "traffic_requests": self.traffic_requests,
-                "loadable": self.loadable, "seed": self.seed, "evidence": self.evidence, "problem": self.problem,
+                "loadable": self.loadable, "unproven": self.unproven, "seed": self.seed, "evidence": self.evidence, "problem": self.problem,
                 "families": {k: v.model_dump() for k, v in self.families.items()}, "warnings": list(self.warnings)}
 
 
@@ -105,4 +108,4 @@ def _result(artifact: Path, manifest: Manifest, raw: RunnerVerify, seed: int) ->
                         families=families, misses=misses, missed=tuple(m.model_dump() for m in raw.missed),
                         replayed_graphs=raw.replayed_graphs, traffic_requests=raw.traffic_requests, loadable=loadable,
                         evidence=raw.evidence, seed=seed, warnings=tuple(raw.warnings),
-                        problem=None if misses else raw.error)
+                        problem=None if misses else raw.error, unproven=None if loadable else raw.unproven)

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from aotc.runners.tpu_inference.topology import SINGLE_HOST_SLICES, topology_for
+
 from .conftest import CONFIGS, run_aotc
 from .helpers.cli import one_line_error
 
@@ -41,3 +43,8 @@ def test_doctor_reports_versions_and_an_honest_loadability_probe():
     # torch_xla 2.9.0 cannot deserialize its own cache (pytorch/xla#9094): the probe must say so
     assert probe["loadable"] is False
     assert probe["second_process"]["PersistentCacheDeserializeFailure"] >= 1
+    # the TPU topologies the JAX stack compiles for here, with no TPU: each as libtpu resolved it
+    targets = {t["accelerator"]: t for t in doc["tpu_targets"]["tpu-inference"]}
+    assert set(targets) == set(SINGLE_HOST_SLICES) and not [t for t in targets.values() if "error" in t]
+    assert targets["v6e-8"]["topology"] == topology_for("v6e-8").name and targets["v6e-8"]["devices"] == 8
+    assert targets["v6e-8"]["device_kind"] == "TPU v6 lite" and "vllm-tpu" not in doc["tpu_targets"]

@@ -249,22 +249,24 @@ def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     assert fingerprint_entry(hub, ENV).inputs["serving_fixes"] == code_digest(SERVING_FIXES)
 
 
-def test_a_tpu_entry_is_not_sized_on_a_host_without_a_tpu(tmp_path):
-    """`device: tpu` without a pinned count: the stack sizes it on the TPU; here (no TPU) that is a one-line
-    error at once, exit 2, instead of starting the stack for nothing."""
-    from aotc.kv import has_tpu
+def test_a_torch_xla_tpu_entry_is_not_sized_on_a_host_without_a_tpu(tmp_path):
+    """`device: tpu` without a pinned count on the vllm-tpu runner (torch_xla cannot compile for a TPU it does
+    not have): the stack sizes it on the TPU; here (no TPU) that is a one-line error at once, exit 2, instead of
+    starting the stack for nothing. (tpu-inference sizes it against the target's HBM: tests/tpu_inference.)"""
+    from aotc.runners.tpu_host import has_tpu
 
     assert not has_tpu()  # CI and developer machines: the suite never runs on a TPU host
-    proc = subprocess.run([sys.executable, "-m", "aotc.cli", "fingerprint", str(CONFIGS / "example-tpu-jax.yaml"),
-                           "--entry", "qwen25-7b-jax--len4096-seqs64-tok1024-tp4"], capture_output=True, text=True,
+    assert not load_runner("vllm-tpu").tpu_targets_on_cpu_host
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", "fingerprint", str(CONFIGS / "example-tpu.yaml"),
+                           "--entry", "llama31-8b--len2048-seqs128-tok512-tp4"], capture_output=True, text=True,
                           cwd=REPO, timeout=120, env={**os.environ, "AOTC_HOME": str(tmp_path)})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "to size on a TPU (v6e-4) and this host has none" in proc.stderr
+    assert "to size on a TPU (v6e-8) and this host has none" in proc.stderr
 
 
 def test_a_tpu_host_is_known_by_its_pci_vendor_id_stand_in_sysfs(tmp_path):
     """A stand-in /sys/bus/pci/devices (no TPU exists here): Google's vendor id marks a TPU chip."""
-    from aotc.kv import GOOGLE_PCI_VENDOR, has_tpu
+    from aotc.runners.tpu_host import GOOGLE_PCI_VENDOR, has_tpu
 
     for name, vendor in (("0000:00:04.0", "0x1af4"), ("0000:00:05.0", "0x8086")):
         (tmp_path / name).mkdir()

@@ -70,6 +70,9 @@ class Graph(_Strict):
     shape: dict[str, Any]
     keys: list[str] = []
     compile_seconds: float = 0.0
+    compiled: dict[str, int] = {}
+    """For a TPU target built on a host without one: the compiler's per-device figures of the graph's
+    executable (generated_code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_memory_bytes)."""
 
 
 class BuildResult(_Strict):
@@ -94,6 +97,9 @@ class BuildResult(_Strict):
     xla_compile_seconds: float = 0.0
     xla_flags: list[str] = []
     metrics: dict[str, Any] = {}
+    target: dict[str, Any] | None = None
+    """The TPU the graphs were compiled for on a host without one (platform, platform_version, topology,
+    device_kind, ...); None: compiled on the device the entry names."""
     error: str | None = None
 
 
@@ -132,6 +138,8 @@ class VerifyResult(_Strict):
     traffic_requests: int = 0
     loadable: bool = False
     """The runner's belief; the core only reports a load the rows show (aotc/verify.py)."""
+    unproven: str | None = None
+    """Why this host cannot show a load at all (a TPU artifact verified on a host without a TPU)."""
     engine_start_seconds: float | None = None
     evidence: str = ""
     metrics: dict[str, Any] = {}

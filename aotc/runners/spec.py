@@ -66,6 +66,10 @@ class RunnerSpec:
     loads_models: bool = True
     """The stack loads the matrix's model as vLLM does (a hub id from the Hugging Face hub): a build fetches a hub
     model's config.json, which the plan reads, before planning. False for a runner without a model."""
+    tpu_targets_on_cpu_host: bool = False
+    """A ``device: tpu`` entry builds on a host with no TPU: the stack compiles every graph for the entry's TPU
+    topology through the TPU compiler (compile-only devices) and its KV sizing runs against that TPU's HBM.
+    Such an artifact's keys are proven in a fresh process; that a TPU loads it, only a TPU can show."""
     twin_modules: tuple[str, ...] = ()
     """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
     its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
@@ -140,6 +144,11 @@ class RunnerSpec:
     def probe(self) -> dict[str, Any] | None:
         """What ``aotc doctor`` reports: can this stack load its own persistent cache? At least ``loadable``
         (bool) and ``verdict`` (one line); None: the runner has no probe."""
+        return None
+
+    def tpu_targets(self, environ: Mapping[str, str] | None = None) -> list[dict[str, Any]] | None:
+        """What ``aotc doctor`` lists: the TPU topologies this host can compile for without a TPU
+        (``tpu_targets_on_cpu_host``), each as the TPU compiler names it; None: the runner cannot."""
         return None
 
     def watcher(self, guard: Any) -> Any | None:

@@ -10,6 +10,8 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
   attention, its MoE grouped matmul, the JAX DeepSeek V3 at its config's sizes
 * serving_fixes, dummy_weights -- what the plugin mends in the stack wherever it is installed
 * engine        -- entry -> environment + vllm.LLM arguments (every graph persisted)
+* topology, compile_only -- a TPU target on a host without one: the accelerator's libtpu topology, and its
+  compile-only devices as the process's JAX devices (every graph compiles for the TPU, nothing runs)
 * probe, instrument -- JAX cache evidence per precompile call and per runtime step
 * watcher       -- the serving guard's JAX compile counter (aotc/guard.py)
 * session, records, build, verify -- the two runner commands
@@ -34,6 +36,11 @@ class TpuInferenceRunner(RunnerSpec):
         from aotc.runners.tpu_inference.engine import serve_settings
 
         return serve_settings(entry, cache_dir)
+
+    def tpu_targets(self, environ=None) -> list[dict[str, Any]]:
+        from .topology import targets_on_this_host
+
+        return targets_on_this_host(self.python(environ))
 
     def watcher(self, guard: Any) -> Any:
         from aotc.runners.tpu_inference.watcher import Watcher
@@ -67,6 +74,7 @@ SPEC = TpuInferenceRunner(
                                              "multimodal models' in the engine core's step "
                                              "(TPUModelRunner._execute_model), which kills the server"},
     cache_loads=True,
+    tpu_targets_on_cpu_host=True,
     kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
                   "aotc.runners.tpu_inference.twin_moe", "aotc.runners.tpu_inference.twin_deepseek",

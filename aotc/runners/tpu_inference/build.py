@@ -11,16 +11,46 @@ from aotc.runners.flags import xla_flags
 from aotc.matrix import Entry
 from aotc.runners.protocol import BuildResult, Graph, Request
 
-from . import records
+from . import engine, records
 from .buckets import implied_flags
 from .records import Record, touched
 from .session import RUNNER, Session, effective_flags
 
+GIB = 1 << 30
+
 
 def precompile_calls(recs: list[Record]) -> list[Graph]:
     """Each `_run_compilation` call (and its warm-up pass), with the cache files it touched, in call order."""
-    return [Graph(family=r["family"], shape=r["shape"], keys=touched(r), compile_seconds=r["compile_seconds"])
+    return [Graph(family=r["family"], shape=r["shape"], keys=touched(r), compile_seconds=r["compile_seconds"],
+                  compiled=max(r["compiled"], key=lambda f: f.get("peak_memory_bytes", 0), default={}))
             for r in recs if records.is_call(r)]
+
+
+def compile_only_target(entry: dict) -> dict | None:
+    """What the graphs were compiled for on this host without a TPU (the manifest's ``target``), else None."""
+    from . import compile_only
+    from .topology import target_facts
+
+    if not compile_only.installed():
+        return None
+    from tpu_inference.utils import get_device_hbm_limit
+
+    return {**target_facts(engine.compile_only_target(entry), compile_only.devices()),
+            "hbm_bytes_per_device": get_device_hbm_limit()}
+
+
+def over_hbm(calls: list[Graph], target: dict) -> str | None:
+    """The first graph whose executable needs more HBM per device than the target's: weights and KV pages are
+    among its arguments, so this is the entry not fitting the accelerator."""
+    limit = target["hbm_bytes_per_device"]
+    for graph in calls:
+        peak = graph.compiled.get("peak_memory_bytes", 0)
+        if peak > limit:
+            figures = ", ".join(f"{name} {value / GIB:.2f} GiB" for name, value in graph.compiled.items()
+                                if name != "generated_code_bytes")
+            return (f"{graph.family} {graph.shape} needs {peak / GIB:.2f} GiB of HBM per device ({figures}); a "
+                    f"{target['device_kind']} of {target['accelerator']} has {limit / GIB:.2f} GiB")
+    return None
 
 
 def flag_error(launch_env: dict[str, str], entry: dict) -> str | None:
@@ -42,10 +72,12 @@ def run_build(request: Request) -> BuildResult:
     launch_env = dict(os.environ)
     session = Session.start(request.entry, request.cache_dir, [g.model_dump() for g in request.plan])
     capture = session.records()
+    target = compile_only_target(request.entry)
     result = BuildResult(calls=precompile_calls(capture),
                          startup=records.graphs_outside_calls(capture, records.STARTUP),
-                         engine_start_seconds=round(session.start_seconds, 3), xla_flags=effective_flags())
-    if error := flag_error(launch_env, request.entry):
+                         engine_start_seconds=round(session.start_seconds, 3), xla_flags=effective_flags(),
+                         target=target)
+    if error := flag_error(launch_env, request.entry) or (target and over_hbm(result.calls, target)):
         return result.model_copy(update={"error": error})
     started = time.perf_counter()
     sent = session.drive_traffic(request.seed, request.traffic)

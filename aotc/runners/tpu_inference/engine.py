@@ -1,8 +1,10 @@
 """Entry -> process environment and vLLM engine arguments for vLLM-TPU on tpu-inference (JAX).
 
 `device: tpu` is vLLM-TPU's own start-up with VLLM_XLA_CACHE_PATH at the staging dir (tpu-inference
-points JAX's persistent compilation cache there). `device: cpu` is the same on JAX's CPU backend with
-the twin plugin (twin_plugin.py), which vLLM only activates when AOTC_JAX_CPU_TWIN=1.
+points JAX's persistent compilation cache there); on a host with no TPU, aotc's own processes start it on
+the accelerator's compile-only devices (compile_only.py): the same graphs, compiled for that TPU, never run.
+`device: cpu` is the same on JAX's CPU backend with the twin plugin (twin_plugin.py), which vLLM only
+activates when AOTC_JAX_CPU_TWIN=1.
 Either way JAX's persistence thresholds are lowered so that *every* compiled graph is written: by
 default JAX keeps only graphs that took >= 1 s to compile, and a pod would compile the rest again.
 """
@@ -45,21 +47,36 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     env.update(data_parallel_env(entry))
     if entry["device"] == "cpu":
         env.update(twin_device_flags(entry, environ))
-        env.update({
-            TWIN_FLAG: "1",
-            "JAX_PLATFORMS": "cpu",
-            # tpu_info asks the GCE metadata server for these unless they are set.
-            "TPU_ACCELERATOR_TYPE": entry["accelerator"],
-            "TPU_NAME": "aotc-cpu-twin",
-            "TPU_WORKER_ID": "0",
-            "VLLM_HOST_IP": "127.0.0.1",
-        })
+        env.update({TWIN_FLAG: "1", **host_without_tpu_env(entry, "aotc-cpu-twin")})
     elif entry["device"] == "tpu":
         env[TWIN_FLAG] = None  # never on a real TPU host
         env["JAX_PLATFORMS"] = None
     else:
         raise ValueError(f"unknown device {entry['device']!r}")
     return env
+
+
+def host_without_tpu_env(entry: dict[str, Any], name: str) -> dict[str, str]:
+    """The stack on JAX's CPU client, on a host with no TPU: what tpu_info and libtpu would otherwise ask the GCE
+    metadata server (they name the TPU; no graph reads them)."""
+    return {"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": entry["accelerator"], "TPU_NAME": name,
+            "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def compile_only_target(entry: dict[str, Any]):
+    """The entry's TPU topology when this process builds for it without one (a ``device: tpu`` entry on a host
+    with no TPU), else None. ValueError: a topology aotc cannot compile for from here."""
+    from aotc.runners.tpu_host import has_tpu
+
+    from .topology import topology_for
+
+    if entry["device"] != "tpu" or has_tpu():
+        return None
+    topology = topology_for(entry["accelerator"])
+    if topology.hosts > 1:
+        raise ValueError(f"accelerator {entry['accelerator']}: a {topology.hosts}-host slice ({topology.name}); a "
+                         "host without a TPU compiles for single-host slices only")
+    return topology
 
 
 def lora_env(entry: dict[str, Any]) -> dict[str, str]:
@@ -88,6 +105,8 @@ def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     collapses them to one copy in this process as in each of a server's (twin_plugin.py)."""
     environ = os.environ if environ is None else environ
     env = serving_env(entry, cache_dir, environ)
+    if compile_only_target(entry):
+        env.update(host_without_tpu_env(entry, "aotc-compile-only"))
     env.update({
         # In-process engine: one process to measure, and the runner's jits are reachable from here.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -139,6 +158,11 @@ def cache_log() -> dict[str, Any]:
 def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
     """Start vLLM in-process; returns (llm, seconds). `before_start` runs after the env is set."""
     apply_env(runtime_env(entry, cache_dir))
+    if topology := compile_only_target(entry):
+        from . import compile_only
+        from .topology import compile_only_devices
+
+        compile_only.install(compile_only_devices(topology))
     if before_start is not None:
         before_start()
     started = time.perf_counter()

@@ -8,6 +8,7 @@ recorded around it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import time
@@ -98,7 +99,7 @@ def _measured_compilation(probe: Probe, run_compilation):
         queued = len(self._warmup_tasks)
         started = time.perf_counter()
         _pin_pool(probe, self)
-        with probe.window("call", family, shape):
+        with probe.window("call", family, shape), named_on_failure(family, shape):
             result = run_compilation(self, name, fn, *args, **kwargs)
         PROGRESS.call(family, time.perf_counter() - started)
         if len(self._warmup_tasks) > queued:
@@ -109,6 +110,20 @@ def _measured_compilation(probe: Probe, run_compilation):
         return result
 
     return measured
+
+
+class GraphCompileFailed(RuntimeError):
+    """A planned graph the compiler refused (e.g. a Pallas kernel over its VMEM budget on that TPU generation, a
+    graph over the chip's HBM), named by family and shape, with the compiler's own first line."""
+
+
+@contextlib.contextmanager
+def named_on_failure(family: str, shape: dict[str, Any]):
+    try:
+        yield
+    except Exception as exc:
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise GraphCompileFailed(f"{family} {shape} did not compile: {type(exc).__name__}: {said}") from exc
 
 
 def _pin_pool(probe: Probe, manager) -> None:
@@ -127,7 +142,7 @@ def _pin_pool(probe: Probe, manager) -> None:
 
 def _in_window(probe: Probe, family: str, shape: dict[str, Any], handler):
     def warmup(fn, args, call_kwargs):
-        with probe.window("call", family, shape):
+        with probe.window("call", family, shape), named_on_failure(family, shape):
             return handler(fn, args, call_kwargs) if handler is not None else fn(*args, **call_kwargs)
 
     return warmup

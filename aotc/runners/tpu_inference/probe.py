@@ -42,6 +42,10 @@ class Window:
     found: list[str] = dataclasses.field(default_factory=list)
     missing: list[str] = dataclasses.field(default_factory=list)
     written: list[str] = dataclasses.field(default_factory=list)
+    unloadable: list[str] = dataclasses.field(default_factory=list)
+    """Entries found that this process cannot deserialize (a compile-only client loads nothing)."""
+    compiled: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    """The compiler's figures of each executable compiled for a TPU target (compile_only.memory_figures)."""
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -126,6 +130,7 @@ class Probe:
             except Exception:
                 with self._lock:
                     self._current().deserialize_failures += 1
+                    self._current().unloadable.append(cache_key + CACHE_SUFFIX)
                 raise
             with self._lock:
                 (self._current().found if executable is not None else self._current().missing).append(
@@ -139,6 +144,10 @@ class Probe:
 
         compilation_cache.get_executable_and_time = get_executable_and_time
         compilation_cache.put_executable_and_time = put_executable_and_time
+
+    def record_compile(self, figures: dict[str, int]) -> None:
+        with self._lock:
+            self._current().compiled.append(figures)
 
     def _on_event(self, event: str, **_kwargs) -> None:
         field = EVENTS.get(event)

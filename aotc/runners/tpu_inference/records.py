@@ -39,15 +39,17 @@ def graphs_outside_calls(records: list[Record], family: str) -> list[dict[str, A
 
 
 def family_table(records: list[Record], new_files: dict[str, int], always: Iterable[str] = ()) -> dict[str, dict]:
-    """Per family: compile requests, persistent-cache hits (found = loads: JAX deserializes every entry it
-    finds), misses, writes, ..."""
+    """Per family: compile requests, entries found (loaded, or found and not loadable here: JAX then compiles
+    and writes the same key again), loads (persistent-cache hits: JAX deserializes every entry it loads),
+    misses, writes, ..."""
     table = {name: dict.fromkeys(ROW_FIELDS, 0) for name in always}
     for r in records:
         row = table.setdefault(family_of(r), dict.fromkeys(ROW_FIELDS, 0))
+        found = r["hits"] + len(r["unloadable"])
         row["requests"] += r["requests"]
-        row["found"] += r["hits"]
+        row["found"] += found
         row["loads"] += r["hits"]
-        row["misses"] += r["requests"] - r["hits"]
+        row["misses"] += r["requests"] - found
         row["writes"] += r["writes"]
         row["compiles"] += r["backend_compiles"] - r["hits"]
         row["uncached_compiles"] += r["backend_compiles"] - r["requests"]

@@ -12,7 +12,7 @@ from aotc.matrix import hf_config
 from aotc.runners import traffic
 from aotc.runners.multimodal import with_images
 
-from . import beyond_warmup, buckets, engine, instrument, twin_plugin
+from . import beyond_warmup, buckets, compile_only, engine, instrument, twin_plugin
 from .probe import Probe
 
 RUNNER = "tpu-inference"
@@ -36,6 +36,9 @@ class Session:
             # The twin must patch tpu-inference before instrument imports its runner (a no-op on TPU).
             twin_plugin.register()
             probe.install()
+            if compile_only.installed():
+                compile_only.on_target_compile.append(lambda executable: probe.record_compile(
+                    compile_only.memory_figures(executable)))
             instrument.install(probe)
             beyond_warmup.install(plan)
 
@@ -44,8 +47,13 @@ class Session:
         probe.enter_phase("runtime")
         return cls(llm, probe, seconds, entry)
 
+    @property
+    def compile_only(self) -> bool:
+        """Compiled for a TPU this host does not have: nothing it compiled can run, so no traffic is served."""
+        return compile_only.installed()
+
     def drive_traffic(self, seed: int, requests: int) -> int:
-        return drive_traffic(self.llm, self.entry, seed, requests)
+        return 0 if self.compile_only else drive_traffic(self.llm, self.entry, seed, requests)
 
     def records(self) -> list[dict[str, Any]]:
         return self.probe.snapshot()

@@ -101,11 +101,18 @@ class _WithoutTpuOptionsFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def installed() -> bool:
+    return _installed
+
+
 def install() -> None:
     """Patch tpu-inference before its model runner and sampler are imported (they bind at import)."""
     global _installed
     if _installed:
         return
+    compile_only = sys.modules.get(f"{__package__}.compile_only")  # loaded only where a TPU target is compiled
+    if compile_only is not None and compile_only.installed():
+        raise RuntimeError("this process compiles for a TPU (compile_only): the CPU twin's stand-ins must stay out")
     _installed = True
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

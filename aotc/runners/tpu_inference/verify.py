@@ -17,6 +17,7 @@ from aotc.runners.protocol import Request, VerifyResult
 
 from . import records
 from .records import Record
+from .build import compile_only_target
 from .session import Session
 
 
@@ -36,8 +37,9 @@ def new_files_by_family(recs: list[Record], new: set[str]) -> dict[str, int]:
 
 
 def missed(recs: list[Record]) -> list[dict[str, Any]]:
+    """Keys looked up and absent, or written: an entry found but not loadable is written again, and is no miss."""
     return [{"family": records.family_of(r), "shape": r["shape"], "key": key}
-            for r in recs for key in sorted(set(r["missing"]) | set(r["written"]))]
+            for r in recs for key in sorted(set(r["missing"]) | (set(r["written"]) - set(r["unloadable"])))]
 
 
 def evidence(total: dict[str, int], artifact_files: int) -> str:
@@ -47,6 +49,24 @@ def evidence(total: dict[str, int], artifact_files: int) -> str:
             f"artifact, not compiled), {total['writes']} entries written; {total['compiles']} XLA compile(s), of "
             f"which {total['uncached_compiles']} bypassed the persistent cache; {total['new_files']} new file(s) in "
             f"the cache dir; {total['deserialize_failures']} entries failed to load.")
+
+
+def compile_only_evidence(total: dict[str, int], artifact_files: int, target: dict[str, Any]) -> str:
+    return (f"A fresh vLLM-TPU (tpu-inference, JAX) started on the compile-only devices of {target['topology']} "
+            f"({target['device_kind']}, libtpu's TPU compiler; this host has no TPU) on a copy of the "
+            f"{artifact_files} artifact cache files and ran its start-up and precompiles: {total['requests']} "
+            f"compile requests used the persistent cache, {total['found']} found their key in the artifact, "
+            f"{total['misses']} did not; {total['new_files']} new file(s) in the cache dir. A compile-only client "
+            "loads nothing, so the keys are proven here and the load is not.")
+
+
+def compile_only_verdict(total: dict[str, int], table: dict[str, dict]) -> str | None:
+    """Keys only: every lookup found its entry, nothing new was written (entries found are compiled and written
+    again under the same key, since this host cannot load them)."""
+    if total["misses"] or total["new_files"]:
+        fams = sorted(f for f, row in table.items() if row["misses"] or row["new_files"])
+        return f"{max(total['misses'], total['new_files'])} graph(s) missed the cache in: {', '.join(fams)}"
+    return None
 
 
 def verdict(total: dict[str, int], table: dict[str, dict]) -> str | None:
@@ -74,6 +94,15 @@ def run_verify(request: Request) -> VerifyResult:
     always = (*dict.fromkeys(p.family for p in request.plan), records.STARTUP, records.RUNTIME)
     table = records.family_table(recs, new_files_by_family(recs, set(new)), always)
     total = records.totals(table)
+    if target := compile_only_target(request.entry):
+        return VerifyResult(
+            families=table, misses=max(total["misses"], total["new_files"]), missed=missed(recs),
+            replayed_graphs=total["found"], traffic_requests=0, loadable=False,
+            unproven=f"built on a host without a TPU for {target['topology']} ({target['device_kind']}); "
+                     f"`aotc verify` on a {target['accelerator']} host shows the load",
+            engine_start_seconds=round(session.start_seconds, 3),
+            evidence=compile_only_evidence(total, len(before), target), metrics=total,
+            error=compile_only_verdict(total, table))
     return VerifyResult(
         families=table,
         misses=max(total["misses"], total["new_files"]),

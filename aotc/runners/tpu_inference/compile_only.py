@@ -1,0 +1,200 @@
+"""A TPU topology's compile-only devices as this process's JAX devices: the stack starts and warms up as on
+that TPU, and every graph it would run compiles for the TPU instead (libtpu, on a host with no TPU).
+
+Nothing of the stack is replaced. What changes is JAX's answer to three questions:
+
+* which devices are there: ``jax.devices()`` lists the topology's devices (the stack reads their
+  ``device_kind`` to pick its kernels' block sizes, and builds its mesh over their ``coords`` as on a pod);
+  host-side work with no placement (a seed, a numpy conversion) stays on the CPU, JAX's default device here;
+* what running a jitted function on those devices gives: it is lowered and compiled exactly as a call would
+  compile it (through JAX's persistent cache, keyed as on that TPU), and returns abstract arrays, values
+  with a shape, a dtype and the compiled output sharding but no data. A later call that takes them compiles
+  the same way; so the model's weights, the KV cache and the warm-up's dummy inputs exist only as shapes,
+  and a real-size model builds in a CPU host's memory;
+* how much HBM is used: the bytes of the abstract arrays held on each device (the weights, once loaded),
+  against the stack's own per-device HBM limit, so the stack's KV sizing runs as on the pod.
+
+The persistent cache stays off for the CPU client: the artifact holds the TPU executables only.
+A graph that needs a value (a sampled token) cannot run: a compile-only build stops at the stack's
+warm-up and aotc's beyond-warm-up compiles; serving traffic needs a TPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .twin import installed as twin_installed
+from .twin_plugin import ENV_FLAG as TWIN_FLAG
+
+_installed: dict[str, Any] = {}
+# what each compile for the target reports (the probe's current window takes it); set by the session
+on_target_compile: list[Callable[[Any], None]] = []
+
+
+def installed() -> bool:
+    return bool(_installed)
+
+
+def devices() -> list[Any]:
+    return list(_installed["devices"])
+
+
+def install(devices: list[Any]) -> None:
+    """Make ``devices`` (compile-only, from topology.compile_only_devices) this process's TPU devices."""
+    if _installed:
+        return
+    if os.environ.get(TWIN_FLAG) == "1" or twin_installed():
+        raise RuntimeError("the CPU twin is installed in this process: a TPU graph must never hold its stand-ins")
+    import jax
+    from jax._src import compilation_cache, core, dispatch, pjit
+    from jax._src.interpreters import pxla
+
+    cpu_devices = jax.devices("cpu")
+    _installed.update(devices=tuple(devices), device_set=frozenset(devices), held=weakref.WeakSet(),
+                      lock=threading.Lock(), run_pjit=pjit._run_python_pjit,
+                      device_put=dispatch._batched_device_put_impl, all_devices=jax.devices)
+    jax.config.update("jax_default_device", cpu_devices[0])
+    _list_target_devices(jax)
+    array = _installed["array"] = _abstract_array_class()
+    core.pytype_aval_mappings[array] = core.pytype_aval_mappings[jax.ShapeDtypeStruct]
+    pjit._run_python_pjit = _run_jit
+    dispatch._batched_device_put_impl = _device_put
+    dispatch.device_put_p.def_impl(_device_put)
+    cache_used = compilation_cache.is_cache_used
+    compilation_cache.is_cache_used = lambda backend: backend.platform != "cpu" and cache_used(backend)
+    compile_computation = pxla.MeshComputation.compile
+
+    def compile_and_report(self, *args, **kwargs):
+        executable = compile_computation(self, *args, **kwargs)
+        if self._platforms and self._platforms[0] == "tpu":
+            for report in on_target_compile:
+                report(executable)
+        return executable
+
+    pxla.MeshComputation.compile = compile_and_report
+    _account_hbm_by_held_arrays()
+
+
+def _list_target_devices(jax) -> None:
+    every = _installed["all_devices"]
+
+    def devices(backend=None):
+        return list(_installed["devices"]) if backend in (None, "tpu") else every(backend)
+
+    jax.devices = devices
+    jax.local_devices = lambda process_index=None, backend=None: devices(backend)
+    jax.device_count = lambda backend=None: len(devices(backend))
+    jax.local_device_count = lambda backend=None: len(devices(backend))
+
+
+def _abstract_array_class():
+    """``jax.ShapeDtypeStruct`` (JAX abstracts it wherever a jit takes an argument) that also answers what the
+    stack asks of a computed array."""
+    import jax
+
+    class AbstractArray(jax.ShapeDtypeStruct):
+        """A value on a compile-only device: shape, dtype, sharding; never data."""
+
+        __slots__ = ("__weakref__",)
+
+        def block_until_ready(self):
+            return self
+
+        def is_deleted(self) -> bool:
+            return False
+
+        def delete(self) -> None:
+            pass
+
+        def bytes_per_device(self) -> int:
+            shard = self.sharding.shard_shape(self.shape) if self.sharding is not None else self.shape
+            return math.prod(shard) * self.dtype.itemsize
+
+    return AbstractArray
+
+
+def abstract(aval, sharding) -> Any:
+    value = _installed["array"](aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+    if sharding is not None and _on_target(sharding):
+        with _installed["lock"]:
+            _installed["held"].add(value)
+    return value
+
+
+def _on_target(sharding: Any) -> bool:
+    device_set = getattr(sharding, "device_set", None)
+    return bool(device_set) and not _installed["device_set"].isdisjoint(device_set)
+
+
+def _is_abstract(value: Any) -> bool:
+    return isinstance(value, _installed["array"]) or _on_target(getattr(value, "sharding", None))
+
+
+def _run_jit(p, args_flat, fun, args, kwargs):
+    """pjit's ``_run_python_pjit`` (one jitted call with its inference done): run it where it can run, else
+    compile it as the call would and answer with abstract outputs."""
+    if not any(map(_is_abstract, args_flat)):
+        try:
+            return _installed["run_pjit"](p, args_flat, fun, args, kwargs)
+        except AttributeError as exc:  # compiled for the target's devices, which cannot run it
+            if "local_devices" not in str(exc):
+                raise
+    from jax._src import pjit, tree_util
+    from jax._src.interpreters import mlir
+
+    params = p.params
+    computation = pjit._resolve_and_lower(
+        [pjit.convert_to_metaty(a) for a in args_flat], jaxpr=params["jaxpr"],
+        in_shardings=params["in_shardings"], out_shardings=params["out_shardings"],
+        in_layouts=params["in_layouts"], out_layouts=params["out_layouts"],
+        donated_invars=params["donated_invars"], ctx_mesh=params["ctx_mesh"], name=params["name"],
+        keep_unused=params["keep_unused"], inline=params["inline"], lowering_platforms=None,
+        lowering_parameters=mlir.LoweringParameters(), pgle_profiler=None,
+        compiler_options_kvs=params["compiler_options_kvs"])
+    compiled = computation.compile()
+    out_flat = [abstract(aval, sharding)
+                for aval, sharding in zip(params["jaxpr"].out_avals, compiled._out_shardings)]
+    return (tree_util.tree_unflatten(p.out_tree, out_flat), out_flat, p.out_tree, args_flat, params["jaxpr"],
+            None, None, [])
+
+
+def _device_put(*xs, devices, srcs, copy_semantics, dst_avals=None):
+    if not any(_on_target(d) or _is_abstract(x) for x, d in zip(xs, devices)):
+        return _installed["device_put"](*xs, devices=devices, srcs=srcs, copy_semantics=copy_semantics,
+                                        dst_avals=dst_avals or [None] * len(xs))
+    from jax._src import core
+
+    return [abstract(core.shaped_abstractify(x),
+                     d if _on_target(d) else getattr(x, "sharding", None))
+            for x, d in zip(xs, devices)]
+
+
+def held_bytes(device: Any) -> int:
+    """Bytes of the abstract arrays alive on ``device`` (the weights once loaded, then the KV cache)."""
+    with _installed["lock"]:
+        held = list(_installed["held"])
+    return sum(a.bytes_per_device() for a in held if device in a.sharding.device_set)
+
+
+def _account_hbm_by_held_arrays() -> None:
+    from tpu_inference import utils
+
+    def hbm_usage_bytes(devices) -> list[tuple[int, int]]:
+        limit = utils.get_device_hbm_limit()
+        return [(held_bytes(device), limit) for device in devices]
+
+    utils.hbm_usage_bytes = hbm_usage_bytes
+
+
+def memory_figures(executable: Any) -> dict[str, int]:
+    """The compiler's memory analysis of one executable, per device, and its generated code size."""
+    analysis = executable.memory_analysis()
+    fields = ("generated_code_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
+              "alias_size_in_bytes", "temp_size_in_bytes", "peak_memory_in_bytes")
+    return {name.replace("_size_in_bytes", "_bytes").replace("_in_bytes", "_bytes"): int(getattr(analysis, name))
+            for name in fields if hasattr(analysis, name)}

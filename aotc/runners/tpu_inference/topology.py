@@ -1,0 +1,146 @@
+"""A matrix's ``accelerator`` as libtpu names the TPU topology, and that topology's compile-only devices.
+
+libtpu compiles for a TPU it does not have: ``jax.experimental.topologies.get_topology_desc`` gives the
+devices of a named topology, which lower and compile but never run. JAX's cache key hashes the topology's
+fingerprint (``cache_key._hash_accelerator_config``), and that fingerprint depends on how the chips are split
+into hosts (measured with libtpu 0.0.48: ``v6e:2x4`` as one 8-chip host and as two 4-chip hosts differ), so
+the host shape here is the one a pod of that accelerator type runs on: Cloud TPU's single-host machine types
+(v5e and v6e up to 8 chips on one host, v5p and v7x 4 chips a host), 4-chip hosts beyond. v4 is left
+out: libtpu's compile-only v4 topology has two devices a chip where a v4 pod's JAX has one (megacore).
+
+The table is pure data (the core and the plan import it); only ``compile_only_devices`` and
+``target_facts`` import JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+# what `aotc doctor` tries: Cloud TPU's single-host slices
+SINGLE_HOST_SLICES = ("v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8", "v7x-8")
+ACCELERATOR = re.compile(r"^(v5e|v5p|v6e|v7x)-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Generation:
+    libtpu_name: str  # the prefix libtpu's topology names take
+    cores_per_chip_in_name: int  # Cloud TPU names count TensorCores for v5p and v7x, chips for v5e and v6e
+    dims: int  # a 2D (v5e, v6e) or 3D (v5p, v7x) torus
+    max_chips_per_host: int
+    hbm_bytes_per_chip: int  # what the stack's KV sizing fills (Cloud TPU's published HBM per chip)
+
+
+GIB = 1 << 30
+GENERATIONS = {
+    "v5e": Generation("v5e", 1, 2, 8, 16 * GIB),
+    "v5p": Generation("v5p", 2, 3, 4, 95 * GIB),
+    "v6e": Generation("v6e", 1, 2, 8, 32 * GIB),
+    "v7x": Generation("tpu7x", 2, 3, 4, 192 * GIB),
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    accelerator: str
+    name: str  # libtpu's, e.g. "v6e:2x4"
+    chips: int
+    chips_per_host: tuple[int, int, int]
+    hbm_bytes_per_chip: int
+
+    @property
+    def hosts(self) -> int:
+        return self.chips // math.prod(self.chips_per_host)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"accelerator": self.accelerator, "topology": self.name, "chips": self.chips,
+                "chips_per_host": list(self.chips_per_host), "hosts": self.hosts,
+                "hbm_bytes_per_chip": self.hbm_bytes_per_chip}
+
+
+def topology_for(accelerator: str) -> Topology:
+    """``v6e-8`` -> libtpu's ``v6e:2x4`` on one host. ValueError names what is not a topology."""
+    match = ACCELERATOR.match(accelerator)
+    if not match:
+        raise ValueError(f"accelerator {accelerator!r}: no TPU topology aotc can compile for (one of "
+                         f"{', '.join(g + '-N' for g in GENERATIONS)})")
+    generation = GENERATIONS[match[1]]
+    count = int(match[2])
+    chips, remainder = divmod(count, generation.cores_per_chip_in_name)
+    if remainder or chips < 1 or chips & (chips - 1):
+        raise ValueError(f"accelerator {accelerator!r}: {count} is not a {match[1]} slice size "
+                         f"(a power of two{' of TensorCores, 2 a chip' if generation.cores_per_chip_in_name > 1 else ''})")
+    shape = torus_shape(chips, generation.dims)
+    per_host = host_shape(chips, generation)
+    name = f"{generation.libtpu_name}:{'x'.join(map(str, shape))}"
+    return Topology(accelerator, name, chips, per_host, generation.hbm_bytes_per_chip)
+
+
+def torus_shape(chips: int, dims: int) -> tuple[int, ...]:
+    """The squarest power-of-two shape, small sides first; a 3D slice under 8 chips is one plane:
+    8 -> 2x4 (2D) or 2x2x2 (3D); 4 -> 2x2 or 2x2x1; 32 -> 4x8 or 2x4x4."""
+    if dims == 3 and chips < 8:
+        return (*torus_shape(chips, 2), 1)
+    sides = [1] * dims
+    for axis in range(int(math.log2(chips))):
+        sides[axis % dims] *= 2
+    return tuple(sorted(sides))
+
+
+def host_shape(chips: int, generation: Generation) -> tuple[int, int, int]:
+    """A slice that fits one host is one host; a larger one is 2x2-chip hosts (Cloud TPU's multi-host VMs)."""
+    if chips <= generation.max_chips_per_host:
+        return (*torus_shape(chips, 2), 1)  # type: ignore[return-value]
+    return (2, 2, 1)
+
+
+def compile_only_devices(topology: Topology) -> list[Any]:
+    """The topology's devices: they lower and compile for that TPU, and never run."""
+    from jax.experimental import topologies
+
+    described = topologies.get_topology_desc(platform="tpu", topology_name=topology.name,
+                                             chips_per_host_bounds=topology.chips_per_host)
+    return list(described.devices)
+
+
+def target_facts(topology: Topology, devices: list[Any]) -> dict[str, Any]:
+    """What JAX's cache key takes from the target (platform, platform_version, topology fingerprint) and what
+    the manifest records about it."""
+    from jax._src.lib import _jax
+
+    client = devices[0].client
+    return {**topology.to_dict(), "platform": client.platform, "platform_version": client.platform_version,
+            "device_kind": devices[0].device_kind, "devices": len(devices),
+            "topology_fingerprint": str(_jax.get_topology_for_devices(devices).fingerprint()),
+            "compile_only": True}
+
+
+def describe(accelerator: str) -> dict[str, Any]:
+    """One target as libtpu resolves it here, or why it cannot."""
+    try:
+        topology = topology_for(accelerator)
+        facts = target_facts(topology, compile_only_devices(topology))
+    except Exception as exc:  # libtpu's own refusal, said as it said it
+        return {"accelerator": accelerator, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+    return {key: facts[key] for key in ("accelerator", "topology", "device_kind", "devices", "platform_version")}
+
+
+def targets_on_this_host(python: str, timeout: float = 300) -> list[dict[str, Any]]:
+    """``describe`` for each single-host slice, in the runner's interpreter (where JAX and libtpu are)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1"}
+    try:
+        proc = subprocess.run([python, "-m", __name__], capture_output=True, text=True, timeout=timeout, env=env)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return [{"accelerator": "*", "error": f"{python} could not list TPU targets (is libtpu installed there?)"}]
+
+
+if __name__ == "__main__":
+    print(json.dumps([describe(accelerator) for accelerator in SINGLE_HOST_SLICES]))
+    sys.exit(0)

@@ -1,0 +1,160 @@
+"""TPU executables from a host without a TPU: a `device: tpu` entry of the tpu-inference runner builds here with
+libtpu's compiler on the accelerator's compile-only devices (aotc/runners/tpu_inference/compile_only.py).
+
+No TPU exists on this host: what these tests show stops at the device boundary. They show that every planned
+graph compiles for the TPU with the stack's own kernels, that the artifact holds TPU executables keyed as JAX
+keys them, and that a fresh process computes the same keys. That a TPU loads and runs them, only `aotc verify`
+on a TPU host of that topology shows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aotc.matrix import load_matrix
+from aotc.plan import plan_entry
+
+from .conftest import REPO, run_jax
+
+DEMO = REPO / "configs" / "demo-jax-tpu.yaml"
+ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
+PLAN = plan_entry(load_matrix(DEMO).entry(ENTRY))
+FACTS = Path(__file__).with_name("tpu_target_facts.py")
+# Cloud TPU single-host slices of every generation aotc targets, and one multi-host slice
+ACCELERATORS = ["v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8", "v7x-8", "v6e-16"]
+DEVICE_KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v5p": "TPU v5", "v7x": "TPU7x"}
+
+
+def aotc(jax_env, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
+                          env=jax_env, cwd=REPO, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def facts(jax_env) -> dict:
+    return run_jax(jax_env, FACTS, {"accelerators": ACCELERATORS})
+
+
+def test_each_accelerator_names_a_libtpu_topology_of_its_chips_on_its_hosts(facts):
+    for accelerator in ACCELERATORS:
+        row = facts["topologies"][accelerator]
+        generation, count = accelerator.split("-")
+        assert row["device_kind"] == DEVICE_KINDS[generation] and row["platform"] == "tpu", row
+        # v5e and v6e names count chips, v5p and v7x TensorCores; a v7x chip is two JAX devices
+        assert row["chips"] == int(count) // (2 if generation in ("v5p", "v7x") else 1), row
+        assert row["devices"] == row["chips"] * (2 if generation == "v7x" else 1), row
+        assert len(row["processes"]) == row["hosts"], row
+    assert facts["topologies"]["v6e-8"]["hosts"] == 1 and facts["topologies"]["v6e-16"]["hosts"] == 4
+
+
+def test_the_host_split_is_part_of_the_key_so_a_single_host_slice_is_built_as_one_host(facts):
+    one_host, two_hosts = facts["host_split_fingerprints"]
+    assert one_host != two_hosts
+    assert facts["topologies"]["v6e-8"]["topology_fingerprint"] == one_host
+
+
+def test_a_multi_host_slice_is_refused_with_its_reason(facts):
+    assert "v6e-16: a 4-host slice (v6e:4x4)" in facts["multi_host_refusal"]
+
+
+def test_the_twin_and_a_tpu_target_never_share_a_process(facts):
+    """A TPU graph must never hold one of the twin's stand-ins: each refuses where the other is on."""
+    assert "CPU twin" in facts["twin_flag_refusal"]
+    assert "compiles for a TPU" in facts["twin_after_target_refusal"]
+
+
+# --- the JAX demo built for a v6e-1 on this host --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def artifact(jax_env, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tpu-artifacts")
+    proc = aotc(jax_env, "build", DEMO, "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)["entries"][0]
+    assert report["ok"] and report["graphs_with_keys"] == report["planned"] == len(PLAN.graphs), report
+    return out / ENTRY
+
+
+@pytest.fixture(scope="module")
+def manifest(artifact) -> dict:
+    return json.loads((artifact / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def entry_facts(jax_env, artifact) -> dict:
+    return run_jax(jax_env, FACTS, {"accelerators": ["v6e-1"], "artifact_cache": str(artifact / "cache")})
+
+
+@pytest.mark.slow
+def test_every_planned_graph_is_built_for_the_tpu_family_by_family(manifest):
+    built: dict[str, int] = {}
+    for graph in manifest["graphs"]:
+        if graph["family"] != "startup":
+            assert graph["keys"], graph
+            built[graph["family"]] = built.get(graph["family"], 0) + 1
+    assert built == PLAN.families()
+
+
+@pytest.mark.slow
+def test_the_manifest_records_the_target_as_libtpu_reports_it(manifest, entry_facts):
+    target = manifest["target"]
+    assert target["platform"] == "tpu" and target["device_kind"] == "TPU v6 lite" and target["topology"] == "v6e:1x1"
+    assert target["compile_only"] is True and target["accelerator"] == "v6e-1"
+    # the platform version JAX hashes into every key: libtpu's own build string, as the target's client says it
+    assert target["platform_version"] == entry_facts["platform_version"]
+    assert target["topology_fingerprint"] == entry_facts["topologies"]["v6e-1"]["topology_fingerprint"]
+
+
+@pytest.mark.slow
+def test_every_cache_entry_is_a_tpu_executable_and_attention_holds_the_stacks_pallas_kernel(manifest, entry_facts):
+    entries = entry_facts["entries"]
+    assert entry_facts["cpu_entry_has_host_code"]  # the check sees host code where there is some
+    assert set(entries) == {f["path"] for f in manifest["files"]}
+    assert not [name for name, entry in entries.items() if entry["host_code"]]
+    backbone_keys = {key for g in manifest["graphs"] if g["family"] == "backbone" for key in g["keys"]}
+    assert backbone_keys and all(entries[key]["pallas"] for key in backbone_keys)
+    sample_keys = {key for g in manifest["graphs"] if g["family"] == "sample" for key in g["keys"]}
+    assert not any(entries[key]["pallas"] for key in sample_keys)
+
+
+@pytest.mark.slow
+def test_each_graph_carries_the_compilers_figures_within_the_chips_hbm(manifest):
+    limit = manifest["target"]["hbm_bytes_per_device"]
+    kv_pages = manifest["inputs"]["kv_blocks"]
+    planned = [g for g in manifest["graphs"] if g["family"] != "startup"]
+    for graph in planned:
+        figures = graph["compiled"]
+        assert figures["generated_code_bytes"] > 0 and 0 < figures["peak_memory_bytes"] <= limit, graph
+    # the stack sized the KV cache against the chip's HBM: the backbone takes it as an argument
+    backbone = max(g["compiled"]["argument_bytes"] for g in planned if g["family"] == "backbone")
+    assert kv_pages > 1000 and backbone > limit // 2, (kv_pages, backbone)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_finds_every_key_and_says_the_load_is_unproven(jax_env, artifact):
+    proc = aotc(jax_env, "verify", artifact, "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    assert result["misses"] == 0 and result["loadable"] is False
+    assert result["verdict"].startswith("covered, loadability unproven") and "v6e:1x1" in result["unproven"]
+    assert result["families"]["backbone"]["found"] == PLAN.families()["backbone"]
+    assert json.loads((artifact / "manifest.json").read_text())["verify"]["unproven"] == result["unproven"]
+
+
+@pytest.mark.slow
+def test_an_entry_over_the_chips_hbm_fails_the_build_naming_the_graph(jax_env, tmp_path):
+    """A v5e chip has 16 GiB: a KV cache pinned at 600,000 pages of 16 tokens does not fit beside the weights. The TPU
+    compiler refuses the backbone itself; the build names the graph and says the compiler's words."""
+    config = tmp_path / "too-big.yaml"
+    config.write_text(DEMO.read_text().replace("./models/tiny-llama", str(REPO / "configs" / "models" / "tiny-llama"))
+                      .replace("accelerator: v6e-1", "accelerator: v5e-1\n  engine: {num_gpu_blocks_override: 600000}")
+                      .replace("max_num_batched_tokens: [64]", "max_num_batched_tokens: [16]"))
+    proc = aotc(jax_env, "build", config, "--out", tmp_path / "out", "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    error = json.loads(proc.stdout)["entries"][0]["error"]
+    assert error.startswith("GraphCompileFailed: backbone {") and "Ran out of memory on HBM" in error, error

@@ -1,0 +1,98 @@
+"""Runs under the JAX venv (tests/tpu_inference/conftest.py: run_jax): what libtpu and JAX say about aotc's TPU
+targets on this host, which has no TPU, and what a TPU-target artifact's cache entries hold.
+
+stdin: {"accelerators": [...], "artifact_cache": DIR | null}
+stdout (last line): {"topologies", "multi_host_refusal", "host_split_fingerprints", "platform_version",
+                     "cpu_entry_has_host_code", "twin_flag_refusal", "twin_after_target_refusal", "entries"}
+"""
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+
+from aotc.runners.tpu_inference import engine
+from aotc.runners.tpu_inference.topology import compile_only_devices, target_facts, topology_for
+
+ELF_MAGIC = b"\x7fELF"
+PALLAS_CALL = b"tpu_custom_call"
+request = json.load(sys.stdin)
+
+
+def decoded(path: Path) -> bytes:
+    """A persistent-cache entry as JAX's own cache reads it back (its compression, then the executable)."""
+    from jax._src import compilation_cache
+
+    return compilation_cache.decompress_executable(path.read_bytes())
+
+
+def topology_row(accelerator: str) -> dict:
+    topology = topology_for(accelerator)
+    devices = compile_only_devices(topology)
+    facts = target_facts(topology, devices)
+    return {**facts, "processes": sorted({d.process_index for d in devices})}
+
+
+def host_split_fingerprints() -> list[str]:
+    """libtpu's fingerprint of v6e:2x4 as one 8-chip host and as two 4-chip hosts (the cache key hashes it)."""
+    from jax._src.lib import _jax
+    from jax.experimental import topologies
+
+    prints = []
+    for bounds in ((2, 4, 1), (2, 2, 1)):
+        devices = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4",
+                                               chips_per_host_bounds=bounds).devices
+        prints.append(str(_jax.get_topology_for_devices(devices).fingerprint()))
+    return prints
+
+
+def cpu_entry_has_host_code() -> bool:
+    """The check below can fail: XLA:CPU entries (what the twin writes) hold host object code (most of them; the
+    twin's demo: 50 of 61)."""
+    with tempfile.TemporaryDirectory() as cache:
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        x = jax.numpy.ones((256, 256), device=jax.devices("cpu")[0])
+        jax.jit(lambda a: jax.numpy.tanh(a @ a).sum(axis=0))(x).block_until_ready()
+        return any(ELF_MAGIC in decoded(p) for p in Path(cache).glob("*-cache"))
+
+
+def refusal(action) -> str | None:
+    try:
+        action()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def entries(cache: str | None) -> dict:
+    if not cache:
+        return {}
+    return {p.name: {"host_code": ELF_MAGIC in (data := decoded(p)), "pallas": PALLAS_CALL in data}
+            for p in sorted(Path(cache).glob("*-cache"))}
+
+
+from aotc.runners.tpu_inference import compile_only, twin  # noqa: E402
+
+facts = {
+    "topologies": {a: topology_row(a) for a in request["accelerators"]},
+    "host_split_fingerprints": host_split_fingerprints(),
+    "cpu_entry_has_host_code": cpu_entry_has_host_code(),
+    "entries": entries(request.get("artifact_cache")),
+}
+try:
+    engine.compile_only_target({"device": "tpu", "accelerator": "v6e-16"})
+except ValueError as exc:
+    facts["multi_host_refusal"] = str(exc)
+v6e = topology_for("v6e-1")
+os.environ["AOTC_JAX_CPU_TWIN"] = "1"
+facts["twin_flag_refusal"] = refusal(lambda: compile_only.install(compile_only_devices(v6e)))
+del os.environ["AOTC_JAX_CPU_TWIN"]
+compile_only.install(compile_only_devices(v6e))
+facts["platform_version"] = jax.devices()[0].client.platform_version
+facts["twin_after_target_refusal"] = refusal(twin.install)
+print(json.dumps(facts))
