@@ -72,16 +72,30 @@ def test_init_container_fetches_into_the_cache_vllm_reads(pod):
     [(volume, mount)] = [(n, p) for n, p in shared if dest.startswith(p.rstrip("/") + "/")]
     # fetch swaps dest by rename, which a mount point refuses: dest must be below the mount
     assert dest != mount
-    assert {"name": volume, "emptyDir": {}} in pod["volumes"]
+    assert "emptyDir" in named(pod["volumes"], volume)  # the pod's own, bounded by its sizeLimit
+
+
+def named(items: list[dict], name: str) -> dict:
+    [item] = [i for i in items if i["name"] == name]
+    return item
 
 
 def test_init_container_has_a_deadline_and_a_node_cache(pod):
-    [init] = pod["initContainers"]
+    [init], [vllm] = pod["initContainers"], pod["containers"]
     assert float(option(init["command"], "--deadline")) > 0  # a stalled store cannot hold the pod
     cache_dir = env_of(init)["AOTC_CACHE_DIR"]["value"]
     [mount] = [m for m in init["volumeMounts"] if m["mountPath"] == cache_dir]
-    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # shared by every pod on the node
+    volume = named(pod["volumes"], mount["name"])["hostPath"]
+    # shared by every pod on the node: fetch, the one container that fills it, mounts it; vLLM does not
+    assert not mount.get("readOnly") and mount["name"] not in {m["name"] for m in vllm["volumeMounts"]}
+    # the node is prepared for it (type Directory): the same path, given to the user fetch runs as
+    assert volume["type"] == "Directory"
+    [prepare] = kind("k8s/node-cache.yaml", "DaemonSet")
+    spec = prepare["spec"]["template"]["spec"]
+    [chown] = spec["initContainers"]
+    assert named(spec["volumes"], chown["volumeMounts"][0]["name"])["hostPath"]["path"] == volume["path"]
+    user = pod["securityContext"]
+    assert chown["command"] == ["chown", f"{user['runAsUser']}:{user['runAsGroup']}", chown["volumeMounts"][0]["mountPath"]]
 
 
 def test_store_matrix_and_policy_come_from_kubernetes(pod):
