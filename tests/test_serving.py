@@ -221,6 +221,12 @@ def test_ci_verifies_before_it_publishes_and_outputs_the_uris():
     assert not any(s.get("continue-on-error") or "always()" in str(s.get("if", "")) for s in verify_to_publish)
 
 
+def test_ci_runs_every_action_at_a_pinned_commit():
+    [workflow] = docs("ci/github-actions.yaml")
+    uses = [step["uses"] for job in workflow["jobs"].values() for step in job["steps"] if "uses" in step]
+    assert uses and all(re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", action) for action in uses)
+
+
 # --- fetch --optional: the init container's exit-code policy ---------------------------------------
 
 
