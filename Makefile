@@ -15,6 +15,9 @@ JAX_PYTHON ?= $(shell for p in python3.12 $(wildcard $(HOME)/.pyenv/versions/3.1
 # How the core finds the runner's interpreter (RunnerSpec.python_env; aotc/fingerprint.py: runner_python).
 export AOTC_PYTHON_TPU_INFERENCE ?= $(JAX_VENV)/bin/python
 UV = $(shell command -v uv || echo $(AOTC_HOME)/uv-$(UV_VERSION)/bin/uv)
+# uv from PyPI by hash, the same pins the images install (requirements/uv.lock holds uv==$(UV_VERSION))
+INSTALL_UV = $(PYTHON) -m pip install -q --require-hashes --only-binary :all: --target $(AOTC_HOME)/uv-$(UV_VERSION) \
+	-r requirements/uv.lock
 STORE ?= .aotc/store
 ARTIFACTS ?= .aotc/artifacts
 # both backends by default (DEMO=configs/demo.yaml: the torch_xla one only)
@@ -26,7 +29,7 @@ PYTEST_ARGS ?= --durations=25
 # cores take 29 min where one took 46 (measured on the 2-core machine). 0: one process.
 TEST_WORKERS ?= 2
 
-.PHONY: env env-jax build-cache test test-fast bench lock images clean help
+.PHONY: env env-jax build-cache test test-fast bench lock images push-images pin-images clean help
 
 help:
 	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE), then each canary's verdict"
@@ -36,10 +39,11 @@ help:
 	@echo "make bench         benchmarks (store fetch and publish, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
 	@echo "make images        docker build the two images configs/k8s names (make -n images prints the commands)"
+	@echo "make pin-images    after push-images: write the pushed images' digests into configs/k8s"
 
 # The stack is ~10 GB: install it once per lock into $(VENV); later runs only re-link aotc itself.
 $(VENV)/.installed: $(LOCK)
-	@test -x "$(UV)" || $(PYTHON) -m pip install -q --target $(AOTC_HOME)/uv-$(UV_VERSION) "uv==$(UV_VERSION)"
+	@test -x "$(UV)" || $(INSTALL_UV)
 	$(UV) venv -q --allow-existing -p $(PYTHON) $(VENV)
 	$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(LOCK)
 	touch $@
@@ -49,7 +53,7 @@ env: $(VENV)/.installed
 
 $(JAX_VENV)/.installed: $(JAX_LOCK)
 	@test -n "$(JAX_PYTHON)" || { echo "env-jax: no Python 3.12 found; set JAX_PYTHON=/path/to/python3.12" >&2; exit 2; }
-	@test -x "$(UV)" || $(PYTHON) -m pip install -q --target $(AOTC_HOME)/uv-$(UV_VERSION) "uv==$(UV_VERSION)"
+	@test -x "$(UV)" || $(INSTALL_UV)
 	$(UV) venv -q --allow-existing -p $(JAX_PYTHON) $(JAX_VENV)
 	@# --compile-bytecode: ~3.5 min once, instead of ~45 s of source compiling in every runner process
 	@# where PYTHONDONTWRITEBYTECODE is set (CI, this machine) and no .pyc is ever cached.
@@ -103,18 +107,38 @@ lock:
 # The images configs/k8s/*.yaml run (docker/Dockerfile): each stack's lock, the Python it was resolved for,
 # tagged <registry>/<image>:<its vLLM package><version>-aotc<version>, the versions read from the lock and
 # pyproject.toml. tests/test_images.py checks the manifests name exactly these and the locks are `make env`'s.
+# The base image by digest (BASE_DIGESTS, one `<python version> sha256:<digest>` line each): no digest, no build.
+# A release: `make images push-images pin-images`, which writes each pushed image's registry digest into the
+# manifests (image: <tag>@sha256:<digest>; the all-zero placeholder in git pulls nothing).
 REGISTRY ?= us-docker.pkg.dev/PROJECT/serving
 DOCKER ?= docker
+BASE_DIGESTS ?= docker/base-images.lock
+K8S_DIR ?= configs/k8s
 AOTC_VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 pinned = $(shell sed -n 's/^$(1)==\([^ ]*\).*/\1/p' $(2))
 IMAGE = $(REGISTRY)/vllm-tpu-aotc:vllm$(call pinned,vllm,$(LOCK))-aotc$(AOTC_VERSION)
 JAX_IMAGE = $(REGISTRY)/vllm-tpu-jax-aotc:vllm-tpu$(call pinned,vllm-tpu,$(JAX_LOCK))-aotc$(AOTC_VERSION)
 lock_python = $(shell sed -n 's/.*--python-version \([0-9.]*\).*/\1/p' $(1))
+base_digest = $(or $(shell sed -n 's/^$(subst .,\.,$(1)) \(sha256:[0-9a-f]\{64\}\)$$/\1/p' $(BASE_DIGESTS)),$(error \
+	no digest for python:$(1)-slim-bookworm in $(BASE_DIGESTS): add the line "$(1) sha256:<digest>", the digest \
+	docker buildx imagetools inspect python:$(1)-slim-bookworm shows))
 docker_build = $(DOCKER) build -f docker/Dockerfile --build-arg PYTHON=$(call lock_python,$(1)) \
-	--build-arg LOCK=$(1) --build-arg UV_VERSION=$(UV_VERSION) -t $(2) .
+	--build-arg BASE_DIGEST=$(call base_digest,$(call lock_python,$(1))) --build-arg LOCK=$(1) -t $(2) .
 images:
 	$(call docker_build,$(LOCK),$(IMAGE))
 	$(call docker_build,$(JAX_LOCK),$(JAX_IMAGE))
+
+push-images:
+	$(DOCKER) push $(IMAGE)
+	$(DOCKER) push $(JAX_IMAGE)
+
+pin_image = digest=$$($(DOCKER) inspect --format '{{index .RepoDigests 0}}' $(1) \
+	| sed -n 's/.*@\(sha256:[0-9a-f]\{64\}\)$$/\1/p'); \
+	test -n "$$digest" || { echo "pin-images: $(1) has no registry digest (make push-images first)" >&2; exit 2; }; \
+	sed -i "s|$(1)@sha256:[0-9a-f]*|$(1)@$$digest|" $(K8S_DIR)/*.yaml
+pin-images:
+	$(call pin_image,$(IMAGE))
+	$(call pin_image,$(JAX_IMAGE))
 
 clean:
 	rm -rf .aotc .pytest_cache

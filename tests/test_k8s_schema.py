@@ -65,3 +65,152 @@ def test_a_broken_field_fails_validation(break_it):
     break_it(broken)
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(broken, VERSIONS[-1])
+
+
+# --- the pod security policy a platform team's admission applies ---------------------------------------------
+# Pod Security Standards "restricted" (non-root with a fixed UID, no privilege escalation, every capability
+# dropped, seccomp RuntimeDefault, no host namespaces or ports), plus: a read-only root filesystem, requests and
+# limits on every container, a sizeLimit on every emptyDir, hostPath volumes of type Directory mounted read-only.
+# A pod may go beyond it only where its template's annotation says so, one `<container or volume>: <rule>: why`
+# line per exception; an exception nothing needs is a violation too.
+
+EXCEPTIONS = "aotc/pod-security-exceptions"
+POD_SPEC_PATHS = {"Deployment": ("spec", "template"), "DaemonSet": ("spec", "template"), "Job": ("spec", "template"),
+                  "CronJob": ("spec", "jobTemplate", "spec", "template")}
+
+
+def pod_template(doc: dict) -> dict | None:
+    path = POD_SPEC_PATHS.get(doc["kind"])
+    if path is None:
+        return None
+    node = doc
+    for key in path:
+        node = node[key]
+    return node
+
+
+def exceptions(template: dict) -> set[tuple[str, str]]:
+    text = template.get("metadata", {}).get("annotations", {}).get(EXCEPTIONS, "")
+    lines = [line.split(":", 2) for line in text.splitlines() if line.strip()]
+    assert all(len(parts) == 3 and parts[2].strip() for parts in lines), f"{EXCEPTIONS}: <name>: <rule>: why"
+    return {(name.strip(), rule.strip()) for name, rule, _ in lines}
+
+
+def effective(pod: dict, container: dict, key: str):
+    """A securityContext field as the container runs it: its own value, else the pod's."""
+    own = container.get("securityContext", {})
+    return own[key] if key in own else pod.get("securityContext", {}).get(key)
+
+
+def container_violations(pod: dict, container: dict) -> set[str]:
+    context = container.get("securityContext", {})
+    uid = effective(pod, container, "runAsUser")
+    rules = {
+        "root": effective(pod, container, "runAsNonRoot") is not True or not uid,
+        "privileged": context.get("privileged") is True,
+        "privilege-escalation": context.get("allowPrivilegeEscalation") is not False,
+        "capabilities": context.get("capabilities", {}).get("drop") != ["ALL"]
+                        or bool(context.get("capabilities", {}).get("add")),
+        "seccomp": (effective(pod, container, "seccompProfile") or {}).get("type") not in ("RuntimeDefault",
+                                                                                           "Localhost"),
+        "writable-root": context.get("readOnlyRootFilesystem") is not True,
+        "resources": resource_problem(container.get("resources", {})),
+        "host-port": any("hostPort" in port for port in container.get("ports", [])),
+    }
+    return {rule for rule, broken in rules.items() if broken}
+
+
+def resource_problem(resources: dict) -> bool:
+    """cpu and memory requested and limited; an extended resource (google.com/tpu) requested as limited."""
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    extended = {k for k in {*requests, *limits} if "/" in k}
+    return (not {"cpu", "memory"} <= requests.keys() or not {"cpu", "memory"} <= limits.keys()
+            or any(requests.get(k) != limits.get(k) for k in extended))
+
+
+def policy_violations(template: dict) -> set[tuple[str, str]]:
+    """(container or volume name, rule) for each thing this pod template does beyond the policy."""
+    pod = template["spec"]
+    containers = pod.get("initContainers", []) + pod["containers"]
+    found = {(c["name"], rule) for c in containers for rule in container_violations(pod, c)}
+    found |= {("pod", ns) for ns in ("hostNetwork", "hostPID", "hostIPC") if pod.get(ns)}
+    host_paths = set()
+    for volume in pod.get("volumes", []):
+        if "emptyDir" in volume and not volume["emptyDir"].get("sizeLimit"):
+            found.add((volume["name"], "sizeLimit"))
+        if "hostPath" in volume:
+            host_paths.add(volume["name"])
+            found.add((volume["name"], "hostPath"))
+            if volume["hostPath"].get("type") != "Directory":  # a node the pod does not prepare itself
+                found.add((volume["name"], "hostPath-create"))
+    found |= {(c["name"], "hostPath-write") for c in containers for mount in c.get("volumeMounts", [])
+              if mount["name"] in host_paths and not mount.get("readOnly")}
+    return found
+
+
+POD_TEMPLATES = [(name, pod_template(doc)) for name, doc in DOCUMENTS if pod_template(doc) is not None]
+
+
+def test_every_workload_kind_is_checked():
+    """A kind whose pods this file cannot find would slip past the policy test."""
+    assert {doc["kind"] for _, doc in DOCUMENTS} <= {*POD_SPEC_PATHS, "ServiceAccount", "ConfigMap", "Service",
+                                                     "Namespace"}
+
+
+@pytest.mark.parametrize("name, template", POD_TEMPLATES, ids=[name for name, _ in POD_TEMPLATES])
+def test_every_pod_meets_the_policy_or_says_why_not(name: str, template: dict):
+    allowed = exceptions(template)
+    found = policy_violations(template)
+    assert found - allowed == set(), "beyond the policy without a stated exception"
+    assert allowed - found == set(), "an exception nothing in the pod needs"
+
+
+def serving_template(name: str = "serving.yaml:Deployment/vllm-qwen") -> dict:
+    [template] = [t for n, t in POD_TEMPLATES if n == name]
+    return copy.deepcopy(template)
+
+
+def named(items: list[dict], name: str) -> dict:
+    [item] = [i for i in items if i["name"] == name]
+    return item
+
+
+def set_security(container: dict, **fields) -> None:
+    # a new dict: the manifests share one securityContext between containers (a YAML anchor)
+    container["securityContext"] = {**container["securityContext"], **fields}
+
+
+def root_server(pod: dict) -> None:
+    set_security(named(pod["containers"], "vllm"), runAsUser=0, runAsNonRoot=False)
+
+
+def writable_root(pod: dict) -> None:
+    set_security(named(pod["initContainers"], "aotc-fetch"), readOnlyRootFilesystem=False)
+
+
+def unbounded_scratch(pod: dict) -> None:
+    named(pod["volumes"], "xla-cache")["emptyDir"] = {}
+
+
+def server_without_limits(pod: dict) -> None:
+    del named(pod["containers"], "vllm")["resources"]["limits"]
+
+
+def node_cache_created_by_kubelet(pod: dict) -> None:
+    named(pod["volumes"], "aotc-objects")["hostPath"]["type"] = "DirectoryOrCreate"
+
+
+def server_writes_the_node_cache(pod: dict) -> None:
+    named(pod["containers"], "vllm")["volumeMounts"].append({"name": "aotc-objects", "mountPath": "/objects"})
+
+
+def capability_added(pod: dict) -> None:
+    set_security(named(pod["containers"], "vllm"), capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]})
+
+
+@pytest.mark.parametrize("break_it", [root_server, writable_root, unbounded_scratch, server_without_limits,
+                                      node_cache_created_by_kubelet, server_writes_the_node_cache, capability_added])
+def test_the_policy_check_catches_a_pod_that_strays(break_it):
+    template = serving_template()
+    break_it(template["spec"])
+    assert policy_violations(template) - exceptions(template)

@@ -72,16 +72,30 @@ def test_init_container_fetches_into_the_cache_vllm_reads(pod):
     [(volume, mount)] = [(n, p) for n, p in shared if dest.startswith(p.rstrip("/") + "/")]
     # fetch swaps dest by rename, which a mount point refuses: dest must be below the mount
     assert dest != mount
-    assert {"name": volume, "emptyDir": {}} in pod["volumes"]
+    assert "emptyDir" in named(pod["volumes"], volume)  # the pod's own, bounded by its sizeLimit
+
+
+def named(items: list[dict], name: str) -> dict:
+    [item] = [i for i in items if i["name"] == name]
+    return item
 
 
 def test_init_container_has_a_deadline_and_a_node_cache(pod):
-    [init] = pod["initContainers"]
+    [init], [vllm] = pod["initContainers"], pod["containers"]
     assert float(option(init["command"], "--deadline")) > 0  # a stalled store cannot hold the pod
     cache_dir = env_of(init)["AOTC_CACHE_DIR"]["value"]
     [mount] = [m for m in init["volumeMounts"] if m["mountPath"] == cache_dir]
-    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # shared by every pod on the node
+    volume = named(pod["volumes"], mount["name"])["hostPath"]
+    # shared by every pod on the node: fetch, the one container that fills it, mounts it; vLLM does not
+    assert not mount.get("readOnly") and mount["name"] not in {m["name"] for m in vllm["volumeMounts"]}
+    # the node is prepared for it (type Directory): the same path, given to the user fetch runs as
+    assert volume["type"] == "Directory"
+    [prepare] = kind("k8s/node-cache.yaml", "DaemonSet")
+    spec = prepare["spec"]["template"]["spec"]
+    [chown] = spec["initContainers"]
+    assert named(spec["volumes"], chown["volumeMounts"][0]["name"])["hostPath"]["path"] == volume["path"]
+    user = pod["securityContext"]
+    assert chown["command"] == ["chown", f"{user['runAsUser']}:{user['runAsGroup']}", chown["volumeMounts"][0]["mountPath"]]
 
 
 def test_store_matrix_and_policy_come_from_kubernetes(pod):
@@ -205,6 +219,12 @@ def test_ci_verifies_before_it_publishes_and_outputs_the_uris():
     # a verify that fails must stop the job: no `if: always()` / continue-on-error between them
     verify_to_publish = job["steps"][order[1]:order[2] + 1]
     assert not any(s.get("continue-on-error") or "always()" in str(s.get("if", "")) for s in verify_to_publish)
+
+
+def test_ci_runs_every_action_at_a_pinned_commit():
+    [workflow] = docs("ci/github-actions.yaml")
+    uses = [step["uses"] for job in workflow["jobs"].values() for step in job["steps"] if "uses" in step]
+    assert uses and all(re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", action) for action in uses)
 
 
 # --- fetch --optional: the init container's exit-code policy ---------------------------------------
