@@ -58,9 +58,10 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
 
 def host_without_tpu_env(entry: dict[str, Any], name: str) -> dict[str, str]:
     """The stack on JAX's CPU client, on a host with no TPU: what tpu_info and libtpu would otherwise ask the GCE
-    metadata server (they name the TPU; no graph reads them)."""
+    metadata server (they name the TPU; no graph reads them), and no libtpu lock file (topology.py says why)."""
     return {"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": entry["accelerator"], "TPU_NAME": name,
-            "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1", "VLLM_HOST_IP": "127.0.0.1"}
+            "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1", "VLLM_HOST_IP": "127.0.0.1",
+            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
 def compile_only_target(entry: dict[str, Any]):

@@ -102,6 +102,10 @@ def host_shape(chips: int, generation: Generation) -> tuple[int, int, int]:
 
 def compile_only_devices(topology: Topology) -> list[Any]:
     """The topology's devices: they lower and compile for that TPU, and never run."""
+    # libtpu takes a host-wide lock file when it loads, to keep two processes off the same chips; without chips it
+    # guards nothing and would serialize parallel builds (and a build beside `aotc doctor`): measured, the second
+    # process fails with "Internal error when accessing libtpu multi-process lockfile"
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     described = topologies.get_topology_desc(platform="tpu", topology_name=topology.name,
