@@ -231,6 +231,7 @@ def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
     assert "twin" not in fingerprint_entry(BASE, ENV).inputs
 
 
+@pytest.mark.needs_jax
 def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     """The tpu-inference serving fixes change what a Qwen2.5-VL server compiles (a pod runs them too): their
     code is in that entry's fingerprint, and in no local text model's, whose graphs they leave alone."""
@@ -249,6 +250,7 @@ def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     assert fingerprint_entry(hub, ENV).inputs["serving_fixes"] == code_digest(SERVING_FIXES)
 
 
+@pytest.mark.needs_jax
 def test_a_tpu_entry_is_not_sized_on_a_host_without_a_tpu(tmp_path):
     """`device: tpu` without a pinned count: the stack sizes it on the TPU; here (no TPU) that is a one-line
     error at once, exit 2, instead of starting the stack for nothing."""
