@@ -35,7 +35,7 @@ help:
 	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE), then each canary's verdict"
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
-	@echo "make test-fast     the suite without the slow end-to-end tests"
+	@echo "make test-fast     the fast tests on the core venv alone (no slow end-to-end tests, no JAX venv needed)"
 	@echo "make bench         benchmarks (store fetch and publish, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
 	@echo "make images        docker build the two images configs/k8s names (make -n images prints the commands)"
@@ -90,8 +90,9 @@ build-cache: env $(if $(shell grep -l 'runner: *tpu-inference' $(DEMO) 2>/dev/nu
 test: env env-jax
 	$(BIN)/python -m pytest -m "" -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && echo "no tests ran" && exit 1; exit $$rc
 
+# The core venv alone: tests that need the JAX venv are marked needs_jax (tests/conftest.py) and left out.
 test-fast: env
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not needs_jax" $(PYTEST_ARGS)
 
 bench: env env-jax
 	$(BIN)/python bench/bench_fetch.py

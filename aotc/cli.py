@@ -318,15 +318,22 @@ def raise_usage(message: str) -> None:
     raise UsageError(message)
 
 
+PROG = "aotc"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits 2 too; keep the one-line form
-        raise UsageError(f"{self.prog}: {message}")
+        # main prints "aotc: error: " once; a subcommand's parser adds its own name ("aotc ls" -> "ls: ")
+        command = self.prog.removeprefix(PROG).strip()
+        raise UsageError(f"{command}: {message}" if command else message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="aotc", description="Compile-ahead XLA cache builder for vLLM on TPUs.")
+    parser = _Parser(prog=PROG, description="Compile-ahead XLA cache builder for vLLM on TPUs.",
+                     epilog=f"{PROG} COMMAND -h: that command's arguments")
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # not required: a bare `aotc` gets the command list (main), not a one-line "required: command"
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND", parser_class=_Parser)
 
     def command(name: str, func: Callable, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -467,7 +474,11 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(os.environ.get("AOTC_DEBUG"))
     setup_logging(debug)
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:  # bare `aotc`: what a newcomer needs is the command list
+            parser.print_help(sys.stderr)
+            return EXIT_BAD_INPUT
         return args.func(args, Output(getattr(args, "json", False)))
     except KeyboardInterrupt:
         print("aotc: interrupted", file=sys.stderr)

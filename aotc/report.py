@@ -264,7 +264,7 @@ text-align:left;vertical-align:top} th{background:#f6f8fa} td.num{text-align:rig
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid var(--line)}
 .bar{background:#eaeef2;width:320px;height:12px} .fill{height:12px;background:var(--rt)}
 .fill.missing{background:var(--bad)} .diff{background:var(--warnbg)} code{font-size:12px}
-.note{color:var(--muted)} tbody td:first-child{white-space:nowrap} .warn{color:var(--bad)} svg{display:block}
+.scroll{overflow-x:auto;max-width:100%} .note{color:var(--muted)} tbody td:first-child{white-space:nowrap} .warn{color:var(--bad)} svg{display:block}
 """
 
 
@@ -280,7 +280,7 @@ def html_build(data: BuildData) -> str:
     subtitle = (f"{len(data.entries)} entries · {len(data.families)} graph families · generated "
                 f"{_fmt_time(data.generated)} UTC by aotc {__version__}")
     return page(title, subtitle, [
-        ("matrix", "Matrix: entries × graph families", _matrix(data)),
+        ("matrix", "Matrix: entries × graph families, per runner", _matrix(data)),
         ("compile-seconds", "Compile seconds per graph", _compile_bars(data)),
         ("cache-size", "Cache size per entry", _size_bars(data)),
         ("verify", "Verify evidence", _verify(data)),
@@ -290,18 +290,38 @@ def html_build(data: BuildData) -> str:
 
 
 def _matrix(data: BuildData) -> Safe:
+    """One grid per runner: each runner plans its own graph families, so a grid across runners would be
+    mostly empty columns, wider than the page with two backends and a model zoo."""
     legend = el("p", el("span", "compiled: planned graphs all have a cache key", class_="compiled"),
                 el("span", "missing: planned without a cache key", class_="missing"),
                 el("span", "found at runtime (traffic sweep)", class_="runtime"),
                 el("span", "outside the plan (start-up)", class_="extra"), class_="legend")
-    rows = [el("tr", el("th", "entry"), join(el("th", f, data_family=f) for f in data.families))]
-    for e in data.entries:
-        cells = join(_cell(e.name, f, e.cells.get(f, Cell())) for f in data.families)
+    return join([legend, *(_grid(runner, entries) for runner, entries in _by_runner(data.entries).items())])
+
+
+def _by_runner(entries: tuple[EntryView, ...]) -> dict[str, tuple[EntryView, ...]]:
+    runners: dict[str, list[EntryView]] = {}
+    for e in entries:
+        runners.setdefault(e.manifest.runner, []).append(e)
+    return {runner: tuple(mine) for runner, mine in runners.items()}
+
+
+def _grid(runner: str, entries: tuple[EntryView, ...]) -> Safe:
+    families = _family_order(entries)
+    rows = [el("tr", el("th", "entry"), join(el("th", f, data_family=f, data_backend=runner) for f in families))]
+    for e in entries:
+        cells = join(_cell(e.name, f, e.cells.get(f, Cell())) for f in families)
         rows.append(el("tr", el("th", e.name, el("div", e.plan_note, class_="note") if e.plan_note else "",
-                                data_entry=e.name), cells))
-    totals = [_total(data, f) for f in data.families]
+                                data_entry=e.name, data_backend=runner), cells))
+    totals = [_total(entries, f) for f in families]
     rows.append(el("tr", el("th", "all entries"), join(el("td", t, class_="num") for t in totals)))
-    return join([legend, el("table", join(rows), id="matrix-grid")])
+    title = el("h3", f"{runner}: {len(entries)} entries × {len(families)} graph families")
+    return join([title, scrolled(el("table", join(rows), class_="matrix-grid", data_backend=runner))])
+
+
+def scrolled(content: Safe) -> Safe:
+    """A wide table scrolls inside its own box instead of widening the page."""
+    return el("div", content, class_="scroll")
 
 
 def _cell(entry: str, family: str, cell: Cell) -> Safe:
@@ -324,8 +344,8 @@ def _cell(entry: str, family: str, cell: Cell) -> Safe:
               data_runtime=cell.runtime, data_missing=cell.missing)
 
 
-def _total(data: BuildData, family: str) -> str:
-    cells = [e.cells[family] for e in data.entries if family in e.cells]
+def _total(entries: tuple[EntryView, ...], family: str) -> str:
+    cells = [e.cells[family] for e in entries if family in e.cells]
     compiled = sum(c.compiled + c.runtime for c in cells)
     missing = sum(c.missing for c in cells)
     return f"{compiled} graph(s)" + (f", {missing} missing" if missing else "")
@@ -411,7 +431,7 @@ def _inputs(data: BuildData) -> Safe:
     else:
         summary = el("p", "all entries have the same inputs", id="inputs-differ")
     fps = table(["entry", "fingerprint"], [[e.name, el("code", e.manifest.fingerprint)] for e in data.entries])
-    return join([fps, summary, el("table", join(rows), id="inputs-table")])
+    return join([fps, summary, scrolled(el("table", join(rows), id="inputs-table"))])
 
 
 # --- store page ------------------------------------------------------------------------------------

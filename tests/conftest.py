@@ -10,6 +10,8 @@ CONFIGS = REPO / "configs"
 # `import torch_xla` in any test of this process appends its own XLA flags to os.environ; a JAX process, as a pod
 # launches it, starts with the flags the suite was launched with.
 LAUNCH_FLAGS = {var: os.environ.get(var, "") for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+# Tests that drive the tpu-inference runner's JAX venv (`make env-jax`): every test under these directories.
+NEEDS_JAX_DIRS = (Path(__file__).resolve().parent / "tpu_inference",)
 
 
 def launch_environ() -> dict[str, str]:
@@ -66,3 +68,38 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(ANNOUNCED)
         for nodeid, line in lines:
             terminalreporter.write_line(f"{nodeid}:\n{line}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be on the item by then
+def pytest_collection_modifyitems(items):
+    """`make test-fast` runs on the core venv alone (`make env`): a test that needs the JAX venv is marked
+    `needs_jax` by where it lives, so that tier leaves it out; `make test` runs it and it never skips."""
+    for item in items:
+        if in_needs_jax_dir(Path(item.path)):
+            item.add_marker(pytest.mark.needs_jax)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A `needs_jax` directory that `-m` leaves out is not even imported: its modules read the JAX venv's
+    stack at import (a matrix checked against vLLM 0.32, a plan), which fails where that venv is missing."""
+    if collection_path in NEEDS_JAX_DIRS and not may_select(config.option.markexpr, "needs_jax"):
+        return True
+    return None
+
+
+def in_needs_jax_dir(path: Path) -> bool:
+    return any(path.is_relative_to(directory) for directory in NEEDS_JAX_DIRS)
+
+
+def may_select(markexpr: str, marker: str) -> bool:
+    """Whether the `-m` expression selects some test that carries ``marker``, whatever its other markers."""
+    if not markexpr:
+        return True
+    from itertools import combinations
+
+    from _pytest.mark.expression import Expression  # what `-m` itself evaluates
+
+    expr = Expression.compile(markexpr)
+    others = sorted(expr.idents() - {marker})
+    return any(expr.evaluate(lambda name, **_: name == marker or name in chosen)
+               for size in range(len(others) + 1) for chosen in combinations(others, size))

@@ -16,6 +16,8 @@ from aotc.matrix import load_matrix
 from .conftest import CONFIGS, run_aotc
 from aotc.testing.artifacts import make_artifact
 
+pytestmark = pytest.mark.needs_jax  # the build side fingerprints with the JAX venv's versions
+
 DEMO = CONFIGS / "demo-jax.yaml"
 ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
 # An init container: no runner interpreter, no flags of its own.

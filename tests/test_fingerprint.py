@@ -231,6 +231,7 @@ def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
     assert "twin" not in fingerprint_entry(BASE, ENV).inputs
 
 
+@pytest.mark.needs_jax
 def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     """The tpu-inference serving fixes change what a Qwen2.5-VL server compiles (a pod runs them too): their
     code is in that entry's fingerprint, and in no local text model's, whose graphs they leave alone."""

@@ -91,6 +91,7 @@ def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
             f"kv_blocks: here {pod_kv!r}, published {pinned_kv(entry)!r}",), check.line
 
 
+@pytest.mark.needs_jax
 def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
     # a pinned page count: this is about flags, not the stack's KV sizing
     entry = replace(load_matrix(CONFIGS / "demo-jax.yaml").entries[0], engine={"num_gpu_blocks_override": 64})

@@ -111,6 +111,7 @@ def test_plan_names_where_the_config_came_from(tmp_path):
     assert local == {"source": "local", "path": str(CONFIGS / "models" / "tiny-llama" / "config.json")}
 
 
+@pytest.mark.needs_jax
 def test_fingerprint_of_a_hub_model_is_the_same_with_or_without_its_cached_config(tmp_path, monkeypatch):
     """An init container has no Hugging Face cache: the key it computes must be the build machine's."""
     config = hub_matrix(tmp_path, runner="tpu-inference")

@@ -61,6 +61,7 @@ def test_committed_demo_adapter_is_what_the_script_writes(tmp_path):
         assert (committed / name).read_bytes() == (fresh / name).read_bytes(), name
 
 
+@pytest.mark.needs_jax
 def test_lora_sweep_mixes_base_and_every_adapter_in_its_batches():
     batches = sweep(entry(engine=LORA))
     assert {r.adapter for b in batches for r in b} == {0, 1, 2}
@@ -70,6 +71,7 @@ def test_lora_sweep_mixes_base_and_every_adapter_in_its_batches():
     assert {r.adapter for b in batches if len(b) == 1 for r in b} == {0, 1, 2}  # single requests take turns
 
 
+@pytest.mark.needs_jax
 def test_sweep_without_lora_is_unchanged_and_names_no_adapter():
     plain, lora = sweep(entry()), sweep(entry(engine=LORA))
     assert all(r.adapter == 0 for b in plain for r in b)
@@ -82,6 +84,7 @@ def test_lora_slots_follow_vllms_max_loras_default():
     assert traffic.lora_slots({"max_loras": 3}) == 0
 
 
+@pytest.mark.needs_jax
 def test_tpu_inference_lora_runs_on_vllm_model_code_whatever_the_process_says():
     lora, plain = entry(engine=LORA), entry()
     assert fingerprint_inputs(lora, {})["env"]["MODEL_IMPL_TYPE"] == "vllm"
@@ -99,6 +102,7 @@ def option_words(argv: list[str], flag: str) -> list[str]:
     return argv[start:end]
 
 
+@pytest.mark.needs_jax
 @pytest.mark.parametrize("named", [["a=/x", "b=/y"], {"a": "/x", "b": "/y"},
                                    [{"name": "a", "path": "/x"}, {"name": "b", "path": "/y"}]])
 def test_stock_server_names_each_adapter_as_one_word(named):

@@ -121,6 +121,7 @@ models:
 """
 
 
+@pytest.mark.needs_jax
 def test_any_engine_argument_is_an_axis_of_its_own():
     entries = parse_matrix(SWEPT).entries
     assert [e.name for e in entries] == [

@@ -97,10 +97,10 @@ def test_max_len_rule_is_vllms(config):
         assert (not ours) == theirs, (config, length)
 
 
+@pytest.mark.parametrize("runner", ["vllm-tpu", pytest.param("tpu-inference", marks=pytest.mark.needs_jax)])
 @pytest.mark.parametrize("tokens", [8, 96, 100, 384, 1000])
-def test_budgets_vllm_accepts_are_accepted(tokens):
-    assert entry(max_num_batched_tokens=tokens).max_num_batched_tokens == tokens
-    assert entry(runner="tpu-inference", max_num_batched_tokens=tokens).max_num_batched_tokens == tokens
+def test_budgets_vllm_accepts_are_accepted(runner, tokens):
+    assert entry(runner=runner, max_num_batched_tokens=tokens).max_num_batched_tokens == tokens
 
 
 SPECULATIVE = '{speculative_config: {method: ngram, num_speculative_tokens: 2, prompt_lookup_max: 3}}'

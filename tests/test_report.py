@@ -64,6 +64,28 @@ def test_build_report_shows_every_entry_and_family_and_the_missing_graph(chromiu
     assert not dom.find("script")
 
 
+def test_a_build_of_two_runners_is_one_grid_per_runner_with_only_its_own_families(tmp_path):
+    """The page as written (no browser needed for its structure): a vllm-tpu build beside a toy-runner one."""
+    from .test_toy_runner import MATRIX as TOY_MATRIX, toy
+
+    vllm_tpu = write_demo_build(tmp_path / "artifacts")
+    (tmp_path / "toy.yaml").write_text(TOY_MATRIX)
+    built = json.loads(toy("build", tmp_path / "toy.yaml", "--out", tmp_path / "toy-out", "--json").stdout)
+    [toy_plan] = json.loads(toy("plan", tmp_path / "toy.yaml", "--json").stdout)["entries"]
+    out = tmp_path / "report.html"
+    proc = toy("report", *vllm_tpu, tmp_path / "toy-out" / toy_plan["entry"], "--out", out)
+    assert proc.returncode == 0 and built["entries"][0]["ok"], proc.stderr[-3000:]
+    dom = Dom(out.read_text())
+    expected = {"vllm-tpu": ([e.name for e in demo_entries()], {f for e in demo_entries()
+                                                                for f in plan_entry(e).families()}),
+                "toy": ([toy_plan["entry"]], {g["family"] for g in toy_plan["graphs"]})}
+    assert [t.attrs["data-backend"] for t in dom.find("table", class_="matrix-grid")] == list(expected)
+    for runner, (entries, planned) in expected.items():
+        assert [n.attrs["data-entry"] for n in dom.find("th", data_entry=True, data_backend=runner)] == entries
+        columns = {n.text for n in dom.find("th", data_family=True, data_backend=runner)}
+        assert planned <= columns <= planned | {"startup", "runtime"}, (runner, columns - planned)
+
+
 def test_user_data_is_text_never_markup(chromium, announce, tmp_path):
     hostile = '<img src=x onerror="document.title=1"></td></table><script>document.title=2</script>'
     artifact = make_artifact(tmp_path / "art", entry="model-a--len2048-tp1",

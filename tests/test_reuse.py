@@ -87,6 +87,7 @@ def publish_entry(tmp_path, url, *, traffic=16, seed=0, graphs_left_out=0, finge
     return plan, fp.digest
 
 
+@pytest.mark.needs_jax
 def test_an_entry_published_as_this_build_would_make_it_is_taken_whole(tmp_path):
     url = str(tmp_path / "store")
     plan, digest = publish_entry(tmp_path, url)
@@ -104,6 +105,7 @@ def test_an_entry_published_as_this_build_would_make_it_is_taken_whole(tmp_path)
     assert [r.status for r in publish_artifacts([str(artifact)], url)] == ["already"]
 
 
+@pytest.mark.needs_jax
 @pytest.mark.parametrize("published", [
     {"traffic": 32},  # another sweep: its runtime graphs may differ
     {"seed": 1},
@@ -116,6 +118,7 @@ def test_an_entry_the_store_holds_otherwise_is_not_taken(tmp_path, published):
     assert published_artifact(Store.from_url(url), plan, digest, traffic=16, seed=0) is None
 
 
+@pytest.mark.needs_jax
 def test_a_damaged_object_means_building_with_nothing_kept(tmp_path):
     url = str(tmp_path / "store")
     plan, digest = publish_entry(tmp_path, url)

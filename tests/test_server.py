@@ -26,7 +26,7 @@ def option(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-@pytest.mark.parametrize("runner", sorted(DEMOS))
+@pytest.mark.parametrize("runner", ["vllm-tpu", pytest.param("tpu-inference", marks=pytest.mark.needs_jax)])
 def test_stock_server_carries_the_entrys_shape_and_pinned_kv(runner, tmp_path):
     entry = demo(runner)
     cmd = serve_command(entry, tmp_path, 12345, environ={})
@@ -43,6 +43,7 @@ def test_stock_server_carries_the_entrys_shape_and_pinned_kv(runner, tmp_path):
     assert "--skip-tokenizer-init" not in cmd.argv  # a pod serves text
 
 
+@pytest.mark.needs_jax
 def test_jax_server_points_jax_at_the_cache_from_process_start(tmp_path):
     cmd = serve_command(demo("tpu-inference"), tmp_path, 1)
     assert cmd.env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path) and cmd.env["AOTC_JAX_CPU_TWIN"] == "1"
@@ -61,6 +62,7 @@ def test_cli_flags_spell_vllm_arguments():
         "--max-model-len", "8", "--no-enable-prefix-caching", "--compilation-config", '{"level": 0}']
 
 
+@pytest.mark.needs_jax
 def test_process_env_unsets_what_the_runner_unsets(tmp_path):
     cmd = serve_command(demo("tpu-inference"), tmp_path, 1)
     env = cmd.process_env({"VLLM_DISABLE_COMPILE_CACHE": "1", "PATH": "/bin"})

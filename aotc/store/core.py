@@ -14,7 +14,7 @@ from aotc.files import parse_time
 from aotc.manifest import Manifest
 from aotc.store import layout
 from aotc.store.backends import FolderIO, ObjectStoreIO
-from aotc.store.url import protocol_of, store_options_from_env
+from aotc.store.url import protocol_of, require_resolvable_host, store_options_from_env
 
 PUBLISH_LEASE_TTL = 6 * 3600.0  # a publish older than this crashed; gc stops waiting for it
 GC_LOCK_TTL = 900.0  # gc holds its lock only while deleting; a dead one stops blocking publishers
@@ -58,6 +58,8 @@ class Store:
             options.setdefault("use_listings_cache", False)  # other processes write here too
         merged = {**store_options_from_env(protocol), **options}
         merged.setdefault("skip_instance_cache", True)
+        if protocol in ("gs", "gcs"):
+            require_resolvable_host(url, merged)  # before gcsfs' credential probe and retries
         try:
             fs, root = url_to_fs(url, **merged)
         except (TypeError, ValueError, ImportError) as exc:  # unknown option or protocol

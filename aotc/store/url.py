@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from aotc.errors import BadInput
 
@@ -13,6 +16,8 @@ ENV_STORE = "AOTC_STORE"
 ENV_STORE_OPTIONS = "AOTC_STORE_OPTIONS"  # JSON object of fsspec storage options
 ENV_STORE_ENDPOINT = "AOTC_STORE_ENDPOINT"  # gs:// endpoint (an emulator); implies anonymous access
 ENV_STORAGE_EMULATOR = "STORAGE_EMULATOR_HOST"
+# getaddrinfo's answers that a name has no address: a fact about the name, unlike EAI_AGAIN (no answer yet)
+NAME_HAS_NO_ADDRESS = frozenset({socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)})
 
 
 def resolve_store_url(cli_url: str | None, config_store: str | None = None) -> str:
@@ -45,3 +50,26 @@ def store_options_from_env(protocol: str) -> dict[str, Any]:
             options.setdefault("endpoint_url", endpoint)
             options.setdefault("token", "anon")  # an emulator has no auth; probing for it stalls
     return options
+
+
+def require_resolvable_host(url: str, options: Mapping[str, Any]) -> None:
+    """A gs:// store whose host name does not resolve here fails now, in one line (exit 2). That is a wrong
+    endpoint or a machine without DNS for it, not a transient fault, yet gcsfs would first probe for
+    credentials and then retry six times, ~50 s, before saying so. A resolver that did not answer
+    (EAI_AGAIN) stays gcsfs's to retry; with ``session_kwargs`` (a proxy, a connector of its own) the
+    connection is the caller's to make, and a name this machine cannot resolve may still be reachable."""
+    if "session_kwargs" in options:
+        return
+    import gcsfs.core
+
+    endpoint = options.get("endpoint_url") or gcsfs.core._location()  # where gcsfs itself would connect
+    parts = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
+    if not parts.hostname:
+        return
+    try:
+        socket.getaddrinfo(parts.hostname, parts.port or 443, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in NAME_HAS_NO_ADDRESS:
+            raise BadInput(f"store {url}: its host {parts.hostname} does not resolve on this machine "
+                           f"({exc.strerror}): check ${ENV_STORE_ENDPOINT} / ${ENV_STORAGE_EMULATOR}, or this "
+                           "machine's DNS") from None

@@ -10,7 +10,7 @@ import pytest
 from aotc.fingerprint import fingerprint_entry
 from aotc.manifest import Manifest
 from aotc.matrix import load_matrix
-from aotc.store import ENV_STORE, Store, resolve_store_url
+from aotc.store import ENV_STORAGE_EMULATOR, ENV_STORE, ENV_STORE_ENDPOINT, Store, resolve_store_url
 from tests.conftest import CONFIGS, run_aotc
 from tests.helpers.cli import json_output, one_line_error
 from aotc.testing.artifacts import expected_dest, random_files, tree
@@ -119,6 +119,31 @@ def test_publishing_a_tampered_artifact_exits_4(local_url, artifacts):
 def test_bad_input_exits_2(args, local_url, artifacts):
     ok_json("publish", str(artifacts()), "--store", local_url)
     fails(2, *args, "--store", local_url)
+
+
+# .invalid never resolves (RFC 2606): the resolver's answer is "no such name", not "try again"
+NO_SUCH_HOST = "nonexistent.invalid"
+
+
+EMULATOR = {ENV_STORAGE_EMULATOR: f"http://{NO_SUCH_HOST}:1", ENV_STORE_ENDPOINT: ""}
+
+
+@pytest.mark.parametrize("args, endpoint", [
+    (["ls"], EMULATOR),
+    (["ls"], {ENV_STORE_ENDPOINT: f"{NO_SUCH_HOST}:1"}),
+    (["fetch", "--fingerprint", "ab" * 32, "--dest", "{tmp}/dest", "--optional"], EMULATOR),
+    (["publish", "{artifact}"], EMULATOR),
+])
+def test_a_store_host_that_does_not_resolve_is_one_line_and_exit_2_without_retries(args, endpoint, artifacts,
+                                                                                     tmp_path):
+    """Not a transient fault: no credential probe, none of gcsfs' retries (its debug log would show them)."""
+    args = [a.format(tmp=tmp_path, artifact=artifacts()) for a in args]
+    line = fails(2, *args, "--store", "gs://bucket/store", env=endpoint)
+    assert f"host {NO_SUCH_HOST} does not resolve" in line, line
+    debug = run_aotc(*args, "--store", "gs://bucket/store", env={**endpoint, "AOTC_DEBUG": "1"})
+    assert f"host {NO_SUCH_HOST} does not resolve" in debug.stderr and "retrying" not in debug.stderr, \
+        debug.stderr[-3000:]
+    assert not (tmp_path / "dest").exists()
 
 
 def test_store_url_precedence(monkeypatch, tmp_path):
