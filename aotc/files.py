@@ -14,13 +14,17 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 OLD_SUFFIX = ".old"
+# One plain path segment: a store's entry names and fingerprints (aotc/store/layout.py), hence a matrix's entries
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
 
 
 def aotc_home(environ: Mapping[str, str] = os.environ) -> Path:
@@ -113,6 +117,35 @@ def remove_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def read_regular_file(path: str | Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes. A user may name anything: /dev/zero is never
+    read to exhaustion, a FIFO never waited on (O_NONBLOCK), a directory or device is refused by its kind.
+    Raises OSError as open does (FileNotFoundError, PermissionError) and ValueError for the rest."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind != "regular file":
+            raise ValueError(f"is a {kind}, not a regular file")
+        data = b""
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"larger than {human_size(limit)}; not read")
+    return data
+
+
+def file_kind(mode: int) -> str:
+    """What ``stat`` says a path is, in words for an error line."""
+    for test, name in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def write_new(path: str, data: bytes, mode: int = 0o644) -> None:

@@ -1,0 +1,90 @@
+"""A config, an output path or a number a user hands aotc is bounded and checked before it is used: whatever it
+is (a device, a FIFO, a YAML alias bomb, a date where a string belongs), the real CLI exits 2 with one line,
+never reads forever, never blocks, never writes where it was not told."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from .conftest import run_aotc
+from .helpers.cli import one_line_error
+
+ENTRY = "m--len128-seqs8-tok64-tp1"
+
+
+def matrix(engine: str = "", axis: str = "") -> str:
+    """One hub model the Hugging Face cache lacks (nothing is read for it), ``engine`` and ``axis`` inline."""
+    engine_block = f"\n    engine:\n      {engine}" if engine else ""
+    return f"""models:
+  - name: m
+    model: org/model{engine_block}
+    matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]{axis}}}
+"""
+
+
+# --- the config file: what it is and how big ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["character-device", "fifo", "directory"])
+@pytest.mark.parametrize("command", ["plan", "fetch"])
+def test_a_config_that_is_not_a_regular_file_is_refused_without_reading(kind, command, tmp_path):
+    path = {"character-device": "/dev/zero", "directory": str(tmp_path)}.get(kind, str(tmp_path / "fifo"))
+    if kind == "fifo":
+        os.mkfifo(path)  # nothing ever writes it: opening it to read blocks a reader that waits
+    args = ["plan", path] if command == "plan" else [
+        "fetch", "--config", path, "--entry", ENTRY, "--dest", str(tmp_path / "d"), "--optional"]
+    message = one_line_error(run_aotc(*args, timeout=60), 2)
+    assert f"{path}: cannot read: is a " in message and "not a regular file" in message
+
+
+def test_a_config_larger_than_any_matrix_is_not_read(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text(matrix() + "# padding\n" * 200_000)  # valid YAML, 2 MiB
+    assert "larger than 1.0 MiB" in one_line_error(run_aotc("plan", path, timeout=60), 2)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 8)]  # l7: 9**8 = 43 million strings
+    path = tmp_path / "bomb.yaml"
+    path.write_text(matrix(engine=f"hf_overrides: {{{', '.join(levels)}}}"))
+    assert path.stat().st_size < 1000
+    message = one_line_error(run_aotc("plan", path, timeout=120), 2)
+    assert "expands to more than 100000 values" in message
+
+
+def test_a_recursive_yaml_alias_is_refused(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text(matrix(engine="hf_overrides: &loop {again: *loop}"))
+    assert "recursive" in one_line_error(run_aotc("plan", path, timeout=60), 2)
+
+
+@pytest.mark.parametrize("engine, key_path", [
+    ("code_revision: 2024-01-01", "models[0].engine.code_revision"),  # a YAML date, not the string vLLM reads
+    ("code_revision: !!binary aGVsbG8=", "models[0].engine.code_revision"),
+    ("hf_overrides: !!set {a, b}", "models[0].engine.hf_overrides"),
+    ("hf_overrides: {1: a, b: c}", "models[0].engine.hf_overrides"),
+    ("hf_overrides: {yes: 1}", "models[0].engine.hf_overrides"),  # YAML 1.1: the key is the boolean true
+])
+def test_a_value_json_cannot_hold_is_refused_at_its_key(engine, key_path, tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(matrix(engine=engine))
+    message = one_line_error(run_aotc("plan", path, timeout=300), 2)
+    assert f"{path}: {key_path}: " in message and "(line 5)" in message
+
+
+# --- entry names: what plan accepts, a store takes -------------------------------------------------
+
+
+def test_an_entry_name_a_store_cannot_hold_is_refused_at_plan_and_at_fetch(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(matrix(axis=", served_model_name: [" + "x" * 200 + "]"))
+    assert "a store takes at most 200" in one_line_error(run_aotc("plan", path, timeout=300), 2)
+    name = f"{ENTRY}-served_model_name.{'x' * 200}"
+    fetch = run_aotc("fetch", "--config", path, "--entry", name, "--dest", tmp_path / "d", "--optional",
+                     "--store", tmp_path / "store", timeout=120)
+    assert "a store takes at most 200" in one_line_error(fetch, 2)
