@@ -17,10 +17,13 @@ import os
 import re
 import shutil
 import stat
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from aotc.errors import BadInput
 
 OLD_SUFFIX = ".old"
 # One plain path segment: a store's entry names and fingerprints (aotc/store/layout.py), hence a matrix's entries
@@ -155,11 +158,52 @@ def write_new(path: str, data: bytes, mode: int = 0o644) -> None:
         f.write(data)
 
 
+def replace_file(path: str | Path, data: bytes) -> Path:
+    """Put ``data`` at a path a user named, atomically (a hidden sibling, then rename): no reader sees half of
+    it. Only a regular file is replaced; a symlink to one is written through (the link stays), anything else
+    there (a FIFO, a device, a directory, a link to nothing) is refused, since a rename would replace it
+    whole. The sibling never outlives a failure."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise BadInput(f"{path}: a symlink to {os.readlink(path)}, which does not exist; aotc does not "
+                           "create a link's target") from None
+    else:
+        if not stat.S_ISREG(mode):
+            raise BadInput(f"{path}: is a {file_kind(mode)}; aotc writes only a regular file there")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise BadInput(f"{target.parent}: cannot be made a directory: {exc.strerror}") from None
+    temp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        write_new(str(temp), data)
+        os.replace(temp, target)
+    finally:
+        remove_quietly(str(temp))
+    return Path(path)
+
+
+def check_replaceable_dir(path: str | Path) -> None:
+    """``replace_dir`` renames a tree over ``path``: only a directory may be there, not a symlink (the rename
+    would replace the link), a file or a device."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        raise BadInput(f"{path}: is a {file_kind(mode)}; aotc replaces only a directory there")
+
+
 def replace_dir(new: str, target: str) -> None:
     """Make the complete dir ``new`` visible at ``target``; the previous ``target`` is removed after.
 
-    Raises OSError (EBUSY, EXDEV) when ``target`` cannot be renamed over, e.g. a mount point.
+    Raises BadInput when ``target`` is not a directory, OSError (EBUSY, EXDEV) when it cannot be renamed over,
+    e.g. a mount point.
     """
+    check_replaceable_dir(target)
     if not os.path.lexists(target):
         os.rename(new, target)
         return

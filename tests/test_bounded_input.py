@@ -88,3 +88,57 @@ def test_an_entry_name_a_store_cannot_hold_is_refused_at_plan_and_at_fetch(tmp_p
     fetch = run_aotc("fetch", "--config", path, "--entry", name, "--dest", tmp_path / "d", "--optional",
                      "--store", tmp_path / "store", timeout=120)
     assert "a store takes at most 200" in one_line_error(fetch, 2)
+
+
+# --- paths aotc writes by rename -------------------------------------------------------------------
+
+
+@pytest.fixture
+def build_dir(tmp_path):
+    from aotc.testing.artifacts import make_artifact
+
+    return make_artifact(tmp_path / "artifacts")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling-symlink", "directory"])
+def test_report_out_replaces_only_a_regular_file(kind, build_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / "report.html"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to(tmp_path / "elsewhere" / "report.html")
+    before = os.lstat(path)
+    message = one_line_error(run_aotc("report", build_dir, "--out", path, timeout=120), 2)
+    assert str(path) in message
+    after = os.lstat(path)
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (before.st_ino, stat.S_IFMT(before.st_mode))
+    assert sorted(os.listdir(out)) == ["report.html"]  # no temp file left beside it
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_report_out_through_a_symlink_writes_its_regular_target(build_dir, tmp_path):
+    target, link = tmp_path / "kept" / "report.html", tmp_path / "report.html"
+    target.parent.mkdir()
+    target.write_text("an older report")
+    link.symlink_to(target)
+    proc = run_aotc("report", build_dir, "--out", link, "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and target.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(os.listdir(target.parent)) == ["report.html"]
+
+
+def test_build_never_renames_over_a_link_where_its_artifact_goes(tmp_path):
+    from .test_toy_runner import ENTRY, MATRIX, toy
+
+    config, out, elsewhere = tmp_path / "matrix.yaml", tmp_path / "out", tmp_path / "elsewhere"
+    config.write_text(MATRIX)
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / ENTRY).symlink_to(elsewhere)
+    message = one_line_error(toy("build", config, "--out", out, timeout=300), 2)
+    assert f"{out / ENTRY}: is a symlink" in message
+    assert (out / ENTRY).is_symlink() and os.listdir(elsewhere) == [] and os.listdir(out) == [ENTRY]
