@@ -142,3 +142,20 @@ def test_build_never_renames_over_a_link_where_its_artifact_goes(tmp_path):
     message = one_line_error(toy("build", config, "--out", out, timeout=300), 2)
     assert f"{out / ENTRY}: is a symlink" in message
     assert (out / ENTRY).is_symlink() and os.listdir(elsewhere) == [] and os.listdir(out) == [ENTRY]
+
+
+@pytest.mark.parametrize("below", ["", "sub"], ids=["dest-is-the-link", "dest-below-the-link"])
+def test_fetch_dest_through_a_link_to_nothing_creates_nothing(below, tmp_path):
+    from aotc.manifest import Manifest
+    from aotc.testing.artifacts import make_artifact
+
+    artifact, store = make_artifact(tmp_path / "artifacts"), f"file://{tmp_path / 'store'}"
+    assert run_aotc("publish", artifact, "--store", store).returncode == 0
+    pod, outside = tmp_path / "pod", tmp_path / "outside"
+    pod.mkdir()
+    (pod / "cache").symlink_to(outside / "target")
+    dest = pod / "cache" / below if below else pod / "cache"
+    fetch = run_aotc("fetch", "--fingerprint", Manifest.load(artifact).fingerprint, "--dest", dest, "--store", store,
+                     "--optional", timeout=120)
+    assert "is a symlink to" in one_line_error(fetch, 2)
+    assert not outside.exists() and os.listdir(pod) == ["cache"]
