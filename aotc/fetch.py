@@ -194,7 +194,7 @@ def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None
 
     worker = threading.Thread(target=run, name="aotc-fetch", daemon=True)
     worker.start()
-    worker.join(options.deadline)
+    worker.join(min(options.deadline, threading.TIMEOUT_MAX))  # a longer wait (1e308 s) is a wait without end
     if worker.is_alive():
         cancel.set()
         raise DeadlineExceeded(f"{url} did not deliver the artifact within the {options.deadline:g} s "

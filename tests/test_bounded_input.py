@@ -159,3 +159,68 @@ def test_fetch_dest_through_a_link_to_nothing_creates_nothing(below, tmp_path):
                      "--optional", timeout=120)
     assert "is a symlink to" in one_line_error(fetch, 2)
     assert not outside.exists() and os.listdir(pod) == ["cache"]
+
+
+# --- numbers and variables the CLI takes -----------------------------------------------------------
+
+
+@pytest.fixture
+def published(tmp_path) -> tuple[str, str]:
+    """(store URL, fingerprint) of one published artifact."""
+    from aotc.manifest import Manifest
+    from aotc.testing.artifacts import make_artifact
+
+    artifact, store = make_artifact(tmp_path / "artifacts"), str(tmp_path / "store")
+    assert run_aotc("publish", artifact, "--store", store).returncode == 0
+    return store, Manifest.load(artifact).fingerprint
+
+
+@pytest.mark.parametrize("args, env", [
+    (["fetch", "--fingerprint", "a" * 64, "--optional", "--deadline", "inf"], {}),
+    (["fetch", "--fingerprint", "a" * 64, "--optional", "--deadline", "nan"], {}),
+    (["gc", "--json", "--min-age", "nan"], {}),
+    (["gc", "--json", "--dry-run"], {"AOTC_GC_MIN_AGE_SECONDS": "nan"}),
+    (["report", "--min-age=-inf"], {}),
+    (["break-lease", "--older-than", "nan"], {}),
+], ids=["deadline-inf", "deadline-nan", "gc-min-age-nan", "gc-min-age-env-nan", "report-min-age-inf",
+        "break-lease-nan"])
+def test_a_number_of_seconds_that_is_not_finite_is_refused(args, env, published, tmp_path):
+    store, _ = published
+    proc = run_aotc(*args, "--store", store, *(["--dest", tmp_path / "d"] if args[0] == "fetch" else []),
+                    *(["--out", tmp_path / "r.html"] if args[0] == "report" else []), env=env, timeout=120)
+    assert "finite number of seconds" in one_line_error(proc, 2)
+
+
+def test_a_deadline_longer_than_any_timer_is_no_deadline(published, tmp_path):
+    store, fingerprint = published
+    proc = run_aotc("fetch", "--fingerprint", fingerprint, "--dest", tmp_path / "d", "--store", store,
+                    "--deadline", "1e308", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["fingerprint"] == fingerprint
+
+
+def test_an_unknown_require_value_is_refused_with_the_valid_ones(published, tmp_path):
+    store, fingerprint = published
+    proc = run_aotc("fetch", "--fingerprint", fingerprint, "--dest", tmp_path / "d", "--store", store,
+                    env={"AOTC_REQUIRE": "garbage"}, timeout=120)
+    message = one_line_error(proc, 2)
+    assert "AOTC_REQUIRE" in message and "'garbage'" in message and "1, true, yes" in message
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_http_store_refusing_connections_is_a_warning_with_optional(tmp_path):
+    import socket
+
+    from .conftest import CONFIGS
+
+    with socket.socket() as s:  # a port nothing listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        store = f"http://127.0.0.1:{s.getsockname()[1]}/aotc"
+    args = ["fetch", "--config", CONFIGS / "demo.yaml", "--entry", "tiny-llama--len128-seqs8-tok64-tp1",
+            "--dest", tmp_path / "d", "--store", store]
+    optional = run_aotc(*args, "--optional", "--json", timeout=120)
+    assert optional.returncode == 0, optional.stderr
+    assert json.loads(optional.stdout)["fetched"] is False
+    [warning] = optional.stderr.strip().splitlines()
+    assert warning.startswith(f"aotc: warning: store {store} did not answer") and "WITHOUT" in warning
+    assert store in one_line_error(run_aotc(*args, timeout=120), 1)  # without --optional: a failed check

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from aotc.errors import BadInput
+from aotc.errors import AotcError, BadInput
 
 DEFAULT_STORE_DIR = ".aotc/store"
 ENV_STORE = "AOTC_STORE"
@@ -45,3 +45,19 @@ def store_options_from_env(protocol: str) -> dict[str, Any]:
             options.setdefault("endpoint_url", endpoint)
             options.setdefault("token", "anon")  # an emulator has no auth; probing for it stalls
     return options
+
+
+# Transports fsspec's remote stores use; their errors mean the store did not answer, not what it answered
+TRANSPORT_MODULES = frozenset({"aiohttp", "gcsfs", "google", "requests", "urllib3"})
+
+
+def unreachable(exc: BaseException | None) -> bool:
+    """The store could not be reached or did not answer (refused, reset, timed out, an HTTP error after the
+    client's retries), as opposed to a verdict on what it holds (missing, damaged: aotc's own errors)."""
+    if isinstance(exc, AotcError):
+        return False
+    while exc is not None:
+        if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.split(".")[0] in TRANSPORT_MODULES:
+            return True
+        exc = exc.__cause__
+    return False
