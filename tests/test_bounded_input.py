@@ -63,6 +63,12 @@ def test_a_recursive_yaml_alias_is_refused(tmp_path):
     assert "recursive" in one_line_error(run_aotc("plan", path, timeout=60), 2)
 
 
+def test_yaml_nested_deeper_than_a_parser_recurses_is_refused(tmp_path):
+    path = tmp_path / "deep.yaml"
+    path.write_text(matrix(engine="hf_overrides: {deep: " + "[" * 100_000 + "]" * 100_000 + "}"))
+    assert "invalid YAML" in one_line_error(run_aotc("plan", path, timeout=60), 2)
+
+
 @pytest.mark.parametrize("engine, key_path", [
     ("code_revision: 2024-01-01", "models[0].engine.code_revision"),  # a YAML date, not the string vLLM reads
     ("code_revision: !!binary aGVsbG8=", "models[0].engine.code_revision"),
