@@ -31,7 +31,7 @@ from aotc.hf_cache import download_hint, hub_cache_dir
 from aotc.plan import plan_entry
 from aotc.runners.protocol import (PROGRESS_FD_ENV, BuildResult, Graph, Mode, Progress, Request, VerifyResult,
                                    read_result)
-from aotc.files import replace_dir, sha256_file
+from aotc.files import check_replaceable_dir, replace_dir, sha256_file
 from aotc.reuse import SeededCache, published_artifact, seed_cache, settle, take_published
 from aotc.store import Store
 
@@ -129,6 +129,8 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
     selected = shard_entries(matrix.select(entries), shard)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for entry in selected:  # before hours of compiling, not at the final rename
+        check_replaceable_dir(out / entry.name)
     for entry in {(e.model, e.revision): e for e in selected}.values():
         fetch_model_config(entry)
     # the KV page count in every entry's engine arguments: the runner, the manifest's build.entry (verify

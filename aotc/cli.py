@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from aotc.processes import exit_now
-from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, NotFoundInStore
+from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, CheckFailed, NotFoundInStore
 
+ENV_GC_MIN_AGE = "AOTC_GC_MIN_AGE_SECONDS"
 ENV_REQUIRE = "AOTC_REQUIRE"  # fetch --optional: "1" turns a missing artifact back into exit 3
 
 
@@ -121,7 +123,7 @@ def cmd_publish(args: argparse.Namespace, out: Output) -> int:
 def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
     from aotc.fetch import DEFAULT_OPTIONAL_DEADLINE, DeadlineExceeded, FetchOptions, fetch_artifact, fetch_before
     from aotc.render import progress_bar, render_fetch
-    from aotc.store import resolve_store_url
+    from aotc.store import resolve_store_url, unreachable
 
     if bool(args.fingerprint) == bool(args.config):
         raise_usage("fetch needs either --config CONFIG --entry NAME or --fingerprint FP")
@@ -136,7 +138,7 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
         entry = matrix.entry(args.entry)
         config_store = matrix.store
     url = resolve_store_url(args.store, config_store)
-    optional = args.optional and not fetch_required()
+    optional = not fetch_required() and args.optional  # the variable is checked even where it does not apply
     deadline = args.deadline if args.deadline is not None else (
         DEFAULT_OPTIONAL_DEADLINE if args.optional else None)
     if deadline is not None and deadline <= 0:
@@ -153,10 +155,16 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
                 raise
             print(f"aotc: error: {exc}", file=sys.stderr)
             exit_now(exc.exit_code)
-        code = continue_without_artifact(exc, args.dest, out)
+        code = continue_without_artifact(str(exc), args.dest, out)
         if abandoned:
             exit_now(code)
         return code
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        if not optional:
+            raise CheckFailed(f"store {url} did not answer: {exc}") from exc
+        return continue_without_artifact(f"store {url} did not answer: {exc}", args.dest, out)
     out.emit(result.to_dict(), lambda: render_fetch(result, console()))
     return 0
 
@@ -184,16 +192,17 @@ def node_cache(args: argparse.Namespace) -> Any:
 def fetch_required() -> bool:
     value = os.environ.get(ENV_REQUIRE, "").strip().lower()
     if value not in ("", "0", "1", "true", "false", "yes", "no"):
-        raise_usage(f"${ENV_REQUIRE} must be 1 or 0, got {value!r}")
+        raise_usage(f"${ENV_REQUIRE} must be one of 1, true, yes (a missing artifact fails) or 0, false, no, "
+                    f"unset (fetch --optional continues), got {value!r}")
     return value in ("1", "true", "yes")
 
 
-def continue_without_artifact(exc: NotFoundInStore, dest: str, out: Output) -> int:
+def continue_without_artifact(reason: str, dest: str, out: Output) -> int:
     """fetch --optional: a pod starts and compiles, and its log says so once, loudly."""
-    print(f"aotc: warning: {exc}; continuing WITHOUT a compiled cache in {dest}: vLLM compiles every graph "
+    print(f"aotc: warning: {reason}; continuing WITHOUT a compiled cache in {dest}: vLLM compiles every graph "
           f"at start-up (fetch --optional; {ENV_REQUIRE}=1 makes this fatal)", file=sys.stderr)
     if out.as_json:
-        out.emit({"fetched": False, "dest": dest, "reason": str(exc)})
+        out.emit({"fetched": False, "dest": dest, "reason": reason})
     return 0
 
 
@@ -258,8 +267,12 @@ def gc_min_age(args: argparse.Namespace) -> float:
     from aotc.store import DEFAULT_MIN_AGE
 
     # blobs younger than this may belong to a publish in flight (see aotc/store/leases.py)
-    min_age = args.min_age if args.min_age is not None else float(
-        os.environ.get("AOTC_GC_MIN_AGE_SECONDS", DEFAULT_MIN_AGE))
+    min_age = args.min_age
+    if min_age is None:
+        try:
+            min_age = finite_seconds(os.environ.get(ENV_GC_MIN_AGE, str(DEFAULT_MIN_AGE)))
+        except argparse.ArgumentTypeError as exc:
+            raise_usage(f"${ENV_GC_MIN_AGE}: {exc}")
     if args.keep < 0 or min_age < 0:
         raise_usage(f"{args.command} needs --keep >= 0 and --min-age >= 0")
     return min_age
@@ -379,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL")
     p.add_argument("--optional", action="store_true",
                    help=f"exit 0 when nothing is published for this engine, unless ${ENV_REQUIRE}=1")
-    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--deadline", type=finite_seconds, default=None, metavar="SECONDS",
                    help="give up after this long: exit 3, or 0 with --optional (default with --optional: 600)")
     p.add_argument("--cache-dir", metavar="DIR",
                    help="node-local object cache shared by fetches on this node (env AOTC_CACHE_DIR)")
@@ -394,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL")
     p.add_argument("--keep", type=int, default=2, metavar="N")
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--min-age", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--min-age", type=finite_seconds, default=None, metavar="SECONDS",
                    help="never delete an unreferenced object younger than this (default 3600; "
                         "env AOTC_GC_MIN_AGE_SECONDS)")
 
@@ -402,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "remove a stale lease a killed gc (or publish) left, which blocks publishes (or gc)")
     p.add_argument("--store", metavar="URL")
     p.add_argument("--kind", choices=("gc", "publish"), default="gc")
-    p.add_argument("--older-than", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--older-than", type=finite_seconds, default=0.0, metavar="SECONDS",
                    help="only leases at least this old (default 0: all of that kind)")
     p.add_argument("--force", action="store_true",
                    help="remove even a lease whose holder may be alive (running on this host, or younger than "
@@ -416,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL")
     p.add_argument("--out", default="aotc-report.html", metavar="FILE.html")
     p.add_argument("--keep", type=int, default=2, metavar="N", help="store: the gc --keep N to preview")
-    p.add_argument("--min-age", type=float, default=None, metavar="SECONDS", help="store: as gc --min-age")
+    p.add_argument("--min-age", type=finite_seconds, default=None, metavar="SECONDS", help="store: as gc --min-age")
 
     p = command("fingerprint", cmd_fingerprint, "print an entry's fingerprint and its inputs")
     p.add_argument("config")
@@ -433,6 +446,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("doctor", cmd_doctor, "versions, this environment's fingerprint inputs, a loadability probe")
     return parser
+
+
+def finite_seconds(text: str) -> float:
+    """A number of seconds: finite, since nan prints as NaN in --json (not JSON) and inf overflows a timer."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    return value
 
 
 def _version() -> str:

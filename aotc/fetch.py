@@ -104,6 +104,7 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
     before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``)."""
     started = time.monotonic()
     cache = options.cache
+    dest = real_dest(dest)
     recover_interrupted_swap(dest)  # first: even a fetch that fails next must not leave dest missing
     manifest = _cached_manifest(cache, entry, fingerprint)
     if manifest is None:
@@ -193,7 +194,7 @@ def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None
 
     worker = threading.Thread(target=run, name="aotc-fetch", daemon=True)
     worker.start()
-    worker.join(options.deadline)
+    worker.join(min(options.deadline, threading.TIMEOUT_MAX))  # a longer wait (1e308 s) is a wait without end
     if worker.is_alive():
         cancel.set()
         raise DeadlineExceeded(f"{url} did not deliver the artifact within the {options.deadline:g} s "
@@ -307,11 +308,24 @@ def explain_missing(store: Store, entry: str, digest: str, inputs: dict[str, Any
 # --- where it goes --------------------------------------------------------------------------------
 
 
-def prepare_dest(dest: str, manifest: Manifest) -> str:
-    """Check every manifest path and ``dest`` itself before a byte moves; return the real dest path."""
+def real_dest(dest: str) -> str:
+    """``dest`` with every link resolved. A link to nothing on the way is refused: resolving it would create
+    the link's target, wherever it points, outside the directory the user named."""
     if not dest or not dest.strip():
         raise BadInput("--dest is empty; name a directory for the artifact")
-    dest = os.path.realpath(os.path.abspath(dest))
+    path = os.path.abspath(dest)
+    while not os.path.exists(path):  # below the first existing ancestor nothing exists, links included
+        if os.path.islink(path):
+            raise BadInput(f"--dest {dest}: {path} is a symlink to {os.readlink(path)}, which does not exist; "
+                           "fetch does not create a link's target: name a real directory")
+        if path == os.path.dirname(path):
+            break
+        path = os.path.dirname(path)
+    return os.path.realpath(os.path.abspath(dest))
+
+
+def prepare_dest(dest: str, manifest: Manifest) -> str:
+    """Check every manifest path and ``dest`` (a ``real_dest``) before a byte moves."""
     parent = os.path.dirname(dest)
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise BadInput(f"{dest}: exists and is not a directory")
@@ -389,10 +403,8 @@ def _staging_prefix(dest: str) -> str:
 
 def recover_interrupted_swap(dest: str) -> None:
     """A kill between the fallback swap's two renames leaves dest missing and the previous copy at
-    ``<staging>.old``: put it back (or drop it when the swap completed), before anything else."""
-    if not dest or not dest.strip():
-        return
-    dest = os.path.realpath(os.path.abspath(dest))
+    ``<staging>.old``: put it back (or drop it when the swap completed), before anything else. ``dest``: a
+    ``real_dest``."""
     parent, prefix = os.path.dirname(dest), _staging_prefix(dest)
     if not os.path.isdir(parent):
         return

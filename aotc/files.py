@@ -14,13 +14,20 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from aotc.errors import BadInput
+
 OLD_SUFFIX = ".old"
+# One plain path segment: a store's entry names and fingerprints (aotc/store/layout.py), hence a matrix's entries
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
 
 
 def aotc_home(environ: Mapping[str, str] = os.environ) -> Path:
@@ -115,6 +122,35 @@ def remove_quietly(path: str) -> None:
         pass
 
 
+def read_regular_file(path: str | Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes. A user may name anything: /dev/zero is never
+    read to exhaustion, a FIFO never waited on (O_NONBLOCK), a directory or device is refused by its kind.
+    Raises OSError as open does (FileNotFoundError, PermissionError) and ValueError for the rest."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind != "regular file":
+            raise ValueError(f"is a {kind}, not a regular file")
+        data = b""
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"larger than {human_size(limit)}; not read")
+    return data
+
+
+def file_kind(mode: int) -> str:
+    """What ``stat`` says a path is, in words for an error line."""
+    for test, name in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
 def write_new(path: str, data: bytes, mode: int = 0o644) -> None:
     """Create a fresh regular file: never through a link, never over someone else's file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -122,11 +158,52 @@ def write_new(path: str, data: bytes, mode: int = 0o644) -> None:
         f.write(data)
 
 
+def replace_file(path: str | Path, data: bytes) -> Path:
+    """Put ``data`` at a path a user named, atomically (a hidden sibling, then rename): no reader sees half of
+    it. Only a regular file is replaced; a symlink to one is written through (the link stays), anything else
+    there (a FIFO, a device, a directory, a link to nothing) is refused, since a rename would replace it
+    whole. The sibling never outlives a failure."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise BadInput(f"{path}: a symlink to {os.readlink(path)}, which does not exist; aotc does not "
+                           "create a link's target") from None
+    else:
+        if not stat.S_ISREG(mode):
+            raise BadInput(f"{path}: is a {file_kind(mode)}; aotc writes only a regular file there")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise BadInput(f"{target.parent}: cannot be made a directory: {exc.strerror}") from None
+    temp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        write_new(str(temp), data)
+        os.replace(temp, target)
+    finally:
+        remove_quietly(str(temp))
+    return Path(path)
+
+
+def check_replaceable_dir(path: str | Path) -> None:
+    """``replace_dir`` renames a tree over ``path``: only a directory may be there, not a symlink (the rename
+    would replace the link), a file or a device."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        raise BadInput(f"{path}: is a {file_kind(mode)}; aotc replaces only a directory there")
+
+
 def replace_dir(new: str, target: str) -> None:
     """Make the complete dir ``new`` visible at ``target``; the previous ``target`` is removed after.
 
-    Raises OSError (EBUSY, EXDEV) when ``target`` cannot be renamed over, e.g. a mount point.
+    Raises BadInput when ``target`` is not a directory, OSError (EBUSY, EXDEV) when it cannot be renamed over,
+    e.g. a mount point.
     """
+    check_replaceable_dir(target)
     if not os.path.lexists(target):
         os.rename(new, target)
         return

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from aotc.errors import BadInput, IntegrityError
+from aotc.files import replace_file
 
 SCHEMA = 1
 MAX_FILE_SIZE = (1 << 63) - 1  # what a filesystem's off_t holds
@@ -156,12 +157,8 @@ class Manifest:
         return cls.from_json(path.read_bytes())
 
     def save(self, artifact_dir: str | Path) -> Path:
-        """Write manifest.json atomically (temp file + rename), so a reader never sees half of it."""
-        path = Path(artifact_dir) / MANIFEST_NAME
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
-        return path
+        """Write manifest.json atomically (aotc/files.py: replace_file), so a reader never sees half of it."""
+        return replace_file(Path(artifact_dir) / MANIFEST_NAME, self.to_json().encode())
 
 
 def _byte_count(value: Any) -> int:

@@ -21,11 +21,18 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Stric
 
 from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
+from aotc.files import PLAIN_NAME, read_regular_file
 from aotc.hf_cache import cached_file
 from aotc.runners.spec import DEFAULT_RUNNER, RunnerSpec, UnknownRunner, load_runner, runner_python, runner_versions
 
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
+
+MAX_MATRIX_BYTES = 1 << 20  # a matrix is a few KiB: /dev/zero or a log named by mistake is not read whole
+MAX_CONFIG_JSON_BYTES = 64 << 20  # a model's config.json, with room for a vocabulary-sized label map
+MAX_YAML_NODES = 100_000  # values once aliases expand (each entry's engine is a few dozen)
+STR_TAG, MERGE_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
+JSON_TAGS = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null", "seq", "map"))
 
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
 
@@ -232,7 +239,8 @@ def hf_config(entry: Entry) -> dict | None:
     """The entry's config.json as vLLM sees it (with the entry's ``hf_overrides``), when this machine has it:
     a local model's, or a hub model's from the Hugging Face cache."""
     path = entry.readable_config_path
-    return with_hf_overrides(json.loads(path.read_text()), entry.engine) if path and path.is_file() else None
+    return with_hf_overrides(json.loads(read_regular_file(path, MAX_CONFIG_JSON_BYTES)), entry.engine) \
+        if path and path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -276,22 +284,22 @@ def load_matrix(path: str | Path, check_stack: bool = True) -> Matrix:
     stack's import, and a wrong argument there only finds no artifact."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_regular_file(path, MAX_MATRIX_BYTES).decode()
     except FileNotFoundError:
         raise BadInput(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # not a regular file, too large, not UTF-8
         raise BadInput(f"{path}: cannot read: {exc}") from None
     return parse_matrix(text, str(path), base_dir=path.parent, check_stack=check_stack)
 
 
 def parse_matrix(text: str, file: str = "<matrix>", base_dir: Path | None = None, check_stack: bool = True) -> Matrix:
+    _check_yaml_nodes(text, file)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise MatrixError(file, where, f"invalid YAML: {problem}") from None
+        raise _invalid_yaml(file, exc) from None
     if not isinstance(raw, dict):
         raise MatrixError(file, "", f"expected a mapping with 'models', got {type(raw).__name__}")
     try:
@@ -299,6 +307,75 @@ def parse_matrix(text: str, file: str = "<matrix>", base_dir: Path | None = None
     except ValidationError as exc:
         raise _first_error(file, raw, exc) from None
     return Matrix(path=file, store=spec.store, entries=tuple(_expand(spec, file, base_dir or Path.cwd(), check_stack)))
+
+
+def _check_yaml_nodes(text: str, file: str) -> None:
+    """Before anything is built from the YAML: it holds only what JSON holds (engine values reach vLLM as
+    JSON; a date, bytes, a set or a non-string key would fail far from the matrix) and, with every alias
+    counted each time it is used, at most MAX_YAML_NODES values (a few hundred bytes of nested aliases
+    otherwise expand to billions)."""
+    try:
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: 5x faster
+        if root is not None:
+            _NodeCounter(file).count(root, "")
+    except RecursionError:
+        raise MatrixError(file, "", "invalid YAML: nested too deeply") from None
+    except yaml.YAMLError as exc:
+        raise _invalid_yaml(file, exc) from None
+
+
+def _invalid_yaml(file: str, exc: yaml.YAMLError) -> MatrixError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return MatrixError(file, where, f"invalid YAML: {problem}")
+
+
+class _NodeCounter:
+    """Values under each YAML node as the loaded document holds them; a node an alias shares is counted once
+    per use but walked once."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.counted: dict[int, int] = {}
+        self.open: set[int] = set()  # nodes being walked: an alias to one of them is a cycle
+
+    def count(self, node: yaml.Node, path: str) -> int:
+        if id(node) in self.counted:
+            return self.counted[id(node)]
+        if id(node) in self.open:
+            self.refuse(node, path, "an alias refers to a value that contains it (a recursive structure)")
+        if node.tag not in JSON_TAGS:
+            fix = "quote it to give a string" if isinstance(node, yaml.ScalarNode) else "use a list or a mapping"
+            self.refuse(node, path, f"{_yaml_kind(node)} is not a JSON value; {fix}")
+        self.open.add(id(node))
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(self.count(item, f"{path}[{i}]") for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                total += self.count(value, self.key_path(key, path))
+        self.open.discard(id(node))
+        if total > MAX_YAML_NODES:
+            self.refuse(node, path, f"expands to more than {MAX_YAML_NODES} values (YAML aliases?)")
+        self.counted[id(node)] = total
+        return total
+
+    def key_path(self, key: yaml.Node, path: str) -> str:
+        if key.tag == MERGE_TAG:  # `<<: *defaults` merges into this mapping
+            return path
+        if key.tag != STR_TAG:
+            self.refuse(key, path, f"key {_yaml_kind(key)} is not a string; quote it")
+        return f"{path}.{key.value}" if path else key.value
+
+    def refuse(self, node: yaml.Node, path: str, reason: str) -> None:
+        raise MatrixError(self.file, path, f"{reason} (line {node.start_mark.line + 1})")
+
+
+def _yaml_kind(node: yaml.Node) -> str:
+    kind = node.tag.rpartition(":")[2] if node.tag.startswith("tag:yaml.org,2002:") else node.tag
+    shown = f"{node.value!r} " if isinstance(node, yaml.ScalarNode) else ""
+    return f"{shown[:60]}(a YAML {kind})"
 
 
 def _first_error(file: str, raw: dict, exc: ValidationError) -> MatrixError:
@@ -386,6 +463,9 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
                 raise MatrixError(file, f"models[{index}].name",
                                   f"duplicate entry name {name!r} (also from {seen[name]})")
             seen[name] = f"models[{index}]"
+            if not PLAIN_NAME.fullmatch(name):  # it names the artifact's store path (aotc/store/layout.py)
+                raise MatrixError(file, f"{where}.matrix", f"entry name {name[:80]!r}... is {len(name)} characters; "
+                                  "a store takes at most 200: shorten the model name or the swept values")
             engine = _with_local_draft({**settings["engine"], **chosen}, base_dir, file,
                                        f"{where}.{'matrix' if 'speculative_config' in chosen else 'engine'}")
             entry = Entry(name=name, model_name=model.name, model=model.model, revision=model.revision,
@@ -445,9 +525,13 @@ def _read_model_config(model_dir: Path, file: str, where: str) -> dict[str, Any]
 
 def _read_config_file(config: Path, file: str, where: str) -> dict[str, Any]:
     try:
-        data = json.loads(config.read_text())
+        data = json.loads(read_regular_file(config, MAX_CONFIG_JSON_BYTES))
+    except OSError as exc:
+        raise MatrixError(file, where + ".model", f"{config}: cannot read: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MatrixError(file, where + ".model", f"{config} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # not a regular file, too large
+        raise MatrixError(file, where + ".model", f"{config}: {exc}") from None
     if not isinstance(data, dict):
         raise MatrixError(file, where + ".model", f"{config} is not a JSON object")
     return data

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
@@ -19,6 +18,7 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
+from aotc.files import replace_file
 from aotc.fingerprint import diff_inputs, flatten
 from aotc.manifest import RUNTIME, STARTUP, GraphRecord, Manifest, VerifySummary
 from aotc.graphs import graph_key
@@ -546,10 +546,5 @@ def _gc(data: StoreData) -> Safe:
 
 
 def write_report(text: str, out: str | Path) -> Path:
-    """Write atomically (temp sibling + rename): a CI upload or a browser never sees half a page."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    """Write atomically: a CI upload or a browser never sees half a page (aotc/files.py: replace_file)."""
+    return replace_file(out, text.encode("utf-8"))

@@ -45,6 +45,7 @@ from aotc.store.url import (
     ENV_STORE_OPTIONS,
     resolve_store_url,
     store_options_from_env,
+    unreachable,
 )
 
 __all__ = [
@@ -53,4 +54,5 @@ __all__ = [
     "GcReport", "GcStrategy", "ManifestInfo", "Meter", "ObjectInfo", "Store", "StoreInfo", "StoreWarning",
     "check_name", "human_size", "is_temp_name", "parse_store_manifest", "parse_time", "plan_gc",
     "resolve_store_url", "run_parallel", "scan_store", "sha256_file", "store_options_from_env", "stored_manifest_bytes",
+    "unreachable",
 ]

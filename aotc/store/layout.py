@@ -12,10 +12,11 @@ import re
 import uuid
 
 from aotc.errors import IntegrityError
+from aotc.files import PLAIN_NAME
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 OBJECTS, MANIFESTS, REFS, LOCKS = "objects/sha256", "manifests", "refs", "locks"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
+_NAME = PLAIN_NAME
 
 
 def check_name(value: str, what: str) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from aotc.errors import BadInput
+from aotc.errors import AotcError, BadInput
 
 DEFAULT_STORE_DIR = ".aotc/store"
 ENV_STORE = "AOTC_STORE"
@@ -73,3 +73,19 @@ def require_resolvable_host(url: str, options: Mapping[str, Any]) -> None:
             raise BadInput(f"store {url}: its host {parts.hostname} does not resolve on this machine "
                            f"({exc.strerror}): check ${ENV_STORE_ENDPOINT} / ${ENV_STORAGE_EMULATOR}, or this "
                            "machine's DNS") from None
+
+
+# Transports fsspec's remote stores use; their errors mean the store did not answer, not what it answered
+TRANSPORT_MODULES = frozenset({"aiohttp", "gcsfs", "google", "requests", "urllib3"})
+
+
+def unreachable(exc: BaseException | None) -> bool:
+    """The store could not be reached or did not answer (refused, reset, timed out, an HTTP error after the
+    client's retries), as opposed to a verdict on what it holds (missing, damaged: aotc's own errors)."""
+    if isinstance(exc, AotcError):
+        return False
+    while exc is not None:
+        if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.split(".")[0] in TRANSPORT_MODULES:
+            return True
+        exc = exc.__cause__
+    return False
