@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from aotc.processes import exit_now
+from aotc.processes import exit_now, interrupted_exit_code, raise_on_sigterm
 from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, NotFoundInStore
 
 ENV_REQUIRE = "AOTC_REQUIRE"  # fetch --optional: "1" turns a missing artifact back into exit 3
@@ -146,6 +146,11 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
     try:
         fetch = fetch_before if deadline else fetch_artifact
         result = fetch(url, args.dest, entry, args.fingerprint, options)
+    except KeyboardInterrupt as exc:
+        if fetch is fetch_before:  # its thread is abandoned (its staging dir removed): exit without joining it
+            print("aotc: interrupted", file=sys.stderr)
+            exit_now(interrupted_exit_code(exc))
+        raise
     except NotFoundInStore as exc:
         abandoned = isinstance(exc, DeadlineExceeded)  # a stalled thread is left: exit without joining it
         if not optional:
@@ -467,11 +472,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(os.environ.get("AOTC_DEBUG"))
     setup_logging(debug)
     try:
+        raise_on_sigterm()
         args = build_parser().parse_args(argv)
         return args.func(args, Output(getattr(args, "json", False)))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("aotc: interrupted", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(exc)
     except BrokenPipeError:  # `aotc plan ... | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -1,9 +1,10 @@
 """Small process helpers every layer shares: a free loopback port, an environment change where None unsets,
-and leaving without interpreter teardown."""
+leaving without interpreter teardown, and SIGTERM as an exception."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from collections.abc import Mapping, MutableMapping
@@ -36,3 +37,23 @@ def exit_now(code: int) -> None:
         for child in sys.modules["multiprocessing"].active_children():
             child.kill()
     os._exit(code)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a pod deleted, a job cancelled) raised where the main thread is, as Ctrl-C raises
+    KeyboardInterrupt: every ``finally`` and ``with`` on the way out runs, so nothing half-written stays."""
+
+
+def raise_on_sigterm() -> None:
+    """From now on SIGTERM raises ``Terminated`` once; a second one is ignored, so it cannot cut the
+    clean-up the first started (the kubelet's SIGKILL after the grace period still ends the process)."""
+    def terminated(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    """The shell's convention: 128 + the signal's number (SIGTERM 143, SIGINT 130)."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
