@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from aotc.processes import exit_now, interrupted_exit_code, raise_on_sigterm
+from aotc.processes import exit_now, interrupted_exit_code, sigterm_raises
 from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, NotFoundInStore
 
 ENV_REQUIRE = "AOTC_REQUIRE"  # fetch --optional: "1" turns a missing artifact back into exit 3
@@ -471,24 +471,24 @@ def _one_line_from_aotc(record: Any) -> bool:
 def main(argv: list[str] | None = None) -> int:
     debug = bool(os.environ.get("AOTC_DEBUG"))
     setup_logging(debug)
-    try:
-        raise_on_sigterm()
-        args = build_parser().parse_args(argv)
-        return args.func(args, Output(getattr(args, "json", False)))
-    except KeyboardInterrupt as exc:
-        print("aotc: interrupted", file=sys.stderr)
-        return interrupted_exit_code(exc)
-    except BrokenPipeError:  # `aotc plan ... | head`: the reader left; that is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except Exception as exc:  # one place maps every failure to one line and an exit code
-        if debug:
-            raise
-        from aotc.render import one_line
+    with sigterm_raises():  # a pod deleted mid-command cleans up as Ctrl-C does
+        try:
+            args = build_parser().parse_args(argv)
+            return args.func(args, Output(getattr(args, "json", False)))
+        except KeyboardInterrupt as exc:
+            print("aotc: interrupted", file=sys.stderr)
+            return interrupted_exit_code(exc)
+        except BrokenPipeError:  # `aotc plan ... | head`: the reader left; that is not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except Exception as exc:  # one place maps every failure to one line and an exit code
+            if debug:
+                raise
+            from aotc.render import one_line
 
-        code = _error_code(exc)
-        print(f"aotc: error: {one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
-        return code
+            code = _error_code(exc)
+            print(f"aotc: error: {one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
+            return code
 
 
 if __name__ == "__main__":

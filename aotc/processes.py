@@ -3,11 +3,13 @@ leaving without interpreter teardown, and SIGTERM as an exception."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, MutableMapping
+import threading
+from collections.abc import Iterator, Mapping, MutableMapping
 
 
 def free_port() -> int:
@@ -44,14 +46,24 @@ class Terminated(KeyboardInterrupt):
     KeyboardInterrupt: every ``finally`` and ``with`` on the way out runs, so nothing half-written stays."""
 
 
-def raise_on_sigterm() -> None:
-    """From now on SIGTERM raises ``Terminated`` once; a second one is ignored, so it cannot cut the
-    clean-up the first started (the kubelet's SIGKILL after the grace period still ends the process)."""
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside, SIGTERM raises ``Terminated`` once; a second one is ignored, so it cannot cut the clean-up
+    the first started (the kubelet's SIGKILL after the grace period still ends the process). The previous
+    handler is back afterwards (``aotc.cli.main`` also runs inside test processes); off the main thread,
+    where Python cannot take signals, nothing changes."""
     def terminated(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
-    signal.signal(signal.SIGTERM, terminated)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
