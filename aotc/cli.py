@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from aotc.processes import exit_now
+from aotc.processes import exit_now, interrupted_exit_code, sigterm_raises
 from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, CheckFailed, NotFoundInStore
 
 ENV_GC_MIN_AGE = "AOTC_GC_MIN_AGE_SECONDS"
@@ -148,6 +148,11 @@ def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
     try:
         fetch = fetch_before if deadline else fetch_artifact
         result = fetch(url, args.dest, entry, args.fingerprint, options)
+    except KeyboardInterrupt as exc:
+        if fetch is fetch_before:  # its thread is abandoned (its staging dir removed): exit without joining it
+            print("aotc: interrupted", file=sys.stderr)
+            exit_now(interrupted_exit_code(exc))
+        raise
     except NotFoundInStore as exc:
         abandoned = isinstance(exc, DeadlineExceeded)  # a stalled thread is left: exit without joining it
         if not optional:
@@ -497,27 +502,28 @@ def _one_line_from_aotc(record: Any) -> bool:
 def main(argv: list[str] | None = None) -> int:
     debug = bool(os.environ.get("AOTC_DEBUG"))
     setup_logging(debug)
-    try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if args.command is None:  # bare `aotc`: what a newcomer needs is the command list
-            parser.print_help(sys.stderr)
-            return EXIT_BAD_INPUT
-        return args.func(args, Output(getattr(args, "json", False)))
-    except KeyboardInterrupt:
-        print("aotc: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `aotc plan ... | head`: the reader left; that is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except Exception as exc:  # one place maps every failure to one line and an exit code
-        if debug:
-            raise
-        from aotc.render import one_line
+    with sigterm_raises():  # a pod deleted mid-command cleans up as Ctrl-C does
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if args.command is None:  # bare `aotc`: what a newcomer needs is the command list
+                parser.print_help(sys.stderr)
+                return EXIT_BAD_INPUT
+            return args.func(args, Output(getattr(args, "json", False)))
+        except KeyboardInterrupt as exc:
+            print("aotc: interrupted", file=sys.stderr)
+            return interrupted_exit_code(exc)
+        except BrokenPipeError:  # `aotc plan ... | head`: the reader left; that is not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except Exception as exc:  # one place maps every failure to one line and an exit code
+            if debug:
+                raise
+            from aotc.render import one_line
 
-        code = _error_code(exc)
-        print(f"aotc: error: {one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
-        return code
+            code = _error_code(exc)
+            print(f"aotc: error: {one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
+            return code
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import BadInput
-from aotc.files import aotc_home
+from aotc.files import aotc_home, answer_path, keep_answer, kept_answer
 
 # Settings a pod chooses freely: where it listens, who may call it, what it calls its model, how it logs.
 # None changes a compiled graph or its cache key, so none enters the fingerprint (docs/design.md).
@@ -38,6 +38,8 @@ POD_ONLY_ARGS = frozenset({
 OWN_KEYS = frozenset({"model", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                       "dtype", "revision", "seed", "load_format"})
 CHECK_TIMEOUT = 300
+# What runs vllm serve's parser in the runner's interpreter (read, never imported here: it imports vLLM)
+CHECKER = Path(__file__).parent / "runners" / "serve_args.py"
 
 
 def normalize(key: str) -> str:
@@ -106,21 +108,18 @@ def stack_verdicts(python: str, versions: dict[str, Any], engines: Iterable[dict
     if not any(argvs):
         return [None] * len(argvs)
     packages = sorted(packages)
-    key = hashlib.sha256(json.dumps([os.path.realpath(python), versions, argvs, packages], sort_keys=True).encode())
-    cached = _verdict_cache() / f"{key.hexdigest()}.json"
-    try:
-        return json.loads(cached.read_text())
-    except (OSError, ValueError):
-        pass
-    verdicts = _run_parser(python, argvs, packages)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(verdicts))
-        os.replace(tmp, cached)
-    except OSError:
-        pass  # a read-only home only costs the next run the parser's start
+    cached = answer_path(_verdict_cache(), [os.path.realpath(python), versions, argvs, packages], CHECKER)
+    verdicts = kept_answer(cached, lambda kept: _valid_verdicts(kept, len(argvs)))
+    if verdicts is None:
+        verdicts = _run_parser(python, argvs, packages)
+        keep_answer(cached, verdicts)
     return verdicts
+
+
+def _valid_verdicts(verdicts: Any, count: int) -> bool:
+    """One verdict per engine mapping, each None (accepted) or the parser's complaint."""
+    return isinstance(verdicts, list) and len(verdicts) == count and \
+        all(v is None or isinstance(v, str) for v in verdicts)
 
 
 def _run_parser(python: str, argvs: list[list[str]], packages: list[str]) -> list[str | None]:
@@ -130,12 +129,13 @@ def _run_parser(python: str, argvs: list[list[str]], packages: list[str]) -> lis
                               capture_output=True, text=True, timeout=CHECK_TIMEOUT,
                               env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")})
         answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        verdicts = [None] * len(argvs) if "absent" in answer else [r["error"] for r in answer["results"]]
+        if not _valid_verdicts(verdicts, len(argvs)):
+            raise ValueError(verdicts)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError):
         raise BadInput(f"cannot run vllm serve's argument parser in {python} to check the matrix's engine "
                        "arguments (is the runner's venv installed? make env / make env-jax)") from None
-    if "absent" in answer:
-        return [None] * len(argvs)
-    return [r["error"] for r in answer["results"]]
+    return verdicts
 
 
 def _verdict_cache() -> Path:

@@ -52,6 +52,7 @@ OPEN_OBJECTS = 32  # objects open at once (each holds a file descriptor, two wit
 DEFAULT_OPTIONAL_DEADLINE = 600.0  # fetch --optional gives up after this long unless --deadline says
 LOCK_STALL = 60.0  # a node-cache lock whose holder shows no progress this long is gone around
 LOCK_POLL = (0.002, 0.2)  # first and longest pause between tries of a held node-cache lock
+ABANDON_GRACE = 2.0  # seconds an abandoned fetch thread gets to remove its own staging dir
 logger = logging.getLogger(__name__)
 
 
@@ -179,8 +180,8 @@ def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None
                  options: FetchOptions = FetchOptions()) -> FetchResult:
     """``fetch_artifact`` that gives up after ``options.deadline`` seconds with DeadlineExceeded.
 
-    The fetch runs on a daemon thread; one that is stalled in the store's retries is abandoned (its
-    staging dir is removed by the next fetch) and told not to swap, so dest stays as it was. The caller
+    The fetch runs on a daemon thread; one that is stalled in the store's retries (or interrupted by a
+    signal) is abandoned: told not to swap, its staging dir removed, so dest stays as it was. The caller
     should exit the process soon after (the abandoned thread's pools would otherwise be joined at exit).
     """
     cancel = threading.Event()
@@ -194,14 +195,26 @@ def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None
 
     worker = threading.Thread(target=run, name="aotc-fetch", daemon=True)
     worker.start()
-    worker.join(min(options.deadline, threading.TIMEOUT_MAX))  # a longer wait (1e308 s) is a wait without end
+    try:
+        worker.join(min(options.deadline, threading.TIMEOUT_MAX))  # a longer wait (1e308 s) is a wait without end
+    except BaseException:  # SIGTERM or Ctrl-C while waiting: the abandoned fetch leaves nothing behind
+        abandon(worker, cancel, dest)
+        raise
     if worker.is_alive():
-        cancel.set()
+        abandon(worker, cancel, dest)
         raise DeadlineExceeded(f"{url} did not deliver the artifact within the {options.deadline:g} s "
                                "deadline (fetch --deadline)")
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def abandon(worker: threading.Thread, cancel: threading.Event, dest: str) -> None:
+    """Tell a fetch thread not to swap, give it a moment to clean up after itself, then remove its staging
+    dir here (a thread stalled in the store's retries never gets to): dest stays as it was."""
+    cancel.set()
+    worker.join(ABANDON_GRACE)
+    remove_staging(dest)
 
 
 # --- which manifest -------------------------------------------------------------------------------
@@ -414,6 +427,33 @@ def recover_interrupted_swap(dest: str) -> None:
         recover_swap(dest, os.path.join(parent, name))
 
 
+def remove_staging(dest: str) -> None:
+    """Every staging dir of ``dest`` (its asides, ``.old``, are ``recover_interrupted_swap``'s)."""
+    if not dest or not dest.strip():
+        return
+    dest = os.path.realpath(os.path.abspath(dest))
+    parent, prefix = os.path.dirname(dest), _staging_prefix(dest)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix) and not name.endswith(OLD_SUFFIX):
+            remove_tree(os.path.join(parent, name))
+
+
+def remove_tree(path: str, attempts: int = 5) -> None:
+    """``path`` gone, even while an interrupted writer still adds a file or two (a rmtree that raced one
+    leaves its dir; once the dir is gone nothing can be created in it)."""
+    for _ in range(attempts):
+        if not os.path.lexists(path):
+            return
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            remove_quietly(path)
+
+
 class _Staging:
     """A fresh dir beside dest (same filesystem, so the final rename is atomic); removed on failure."""
 
@@ -429,16 +469,13 @@ class _Staging:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if os.path.lexists(self.path):
-            shutil.rmtree(self.path, ignore_errors=True)
+        if self.path:
+            remove_tree(self.path)
 
     def _remove_leftovers(self) -> None:
         """Staging dirs of a killed fetch of this dest (concurrent fetches into one dest are unsupported);
         asides were resolved by ``recover_interrupted_swap`` already."""
-        prefix = _staging_prefix(self.dest)
-        for name in os.listdir(self.parent):
-            if name.startswith(prefix) and not name.endswith(OLD_SUFFIX):
-                shutil.rmtree(os.path.join(self.parent, name), ignore_errors=True)
+        remove_staging(self.dest)
 
     def swap_into_place(self) -> None:
         try:
@@ -571,7 +608,7 @@ class _Download:
                 await self._fill(cache, obj, lock)
                 filled = True
                 continue
-            sealed = cache.sealed(st, lock)
+            sealed = cache.sealed(obj.sha256, st, lock)
             try:  # a link is two syscalls: on the loop; a copy (another filesystem) is not
                 _replace_with_link(cache.path(obj.sha256), obj.paths[0], copy=False)
             except OSError:

@@ -17,8 +17,9 @@ import os
 import re
 import shutil
 import stat
+import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -255,3 +256,43 @@ def canonical_json(data: Any) -> bytes:
     """The bytes a digest is taken over: sorted keys, no spaces, ASCII (a manifest's own digest, which
     stored manifests carry, keeps its non-ASCII form: aotc/store/core.py)."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+# --- answers kept under $AOTC_HOME (engine-argument verdicts, KV sizings) ---------------------------
+
+
+def answer_path(directory: Path, question: Any, *checkers: Path) -> Path:
+    """Where the answer to ``question`` is kept: keyed by the question, aotc's own version and the source of
+    the code that answers it, so a fixed checker never reads what its predecessor answered."""
+    version = sys.modules[__package__].__version__  # the aotc package: loaded before any of its modules
+    sources = [hashlib.sha256(path.read_bytes()).hexdigest() for path in checkers]
+    return directory / f"{hashlib.sha256(canonical_json([question, version, sources])).hexdigest()}.json"
+
+
+def kept_answer(path: Path, valid: Callable[[Any], bool]) -> Any:
+    """The answer kept at ``path``, or None: absent, or not one ``valid`` accepts (it is removed, and the caller
+    asks again: a file anyone could write under $AOTC_HOME is never trusted as found)."""
+    try:
+        answer = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError):
+        answer = None
+    if answer is not None and valid(answer):
+        return answer
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # a read-only home: asked again, not kept
+    return None
+
+
+def keep_answer(path: Path, answer: Any) -> None:
+    """Write atomically; a read-only home only costs the next run the question again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(answer))
+        os.replace(tmp, path)
+    except OSError:
+        pass

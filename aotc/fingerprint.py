@@ -71,11 +71,15 @@ def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size
         return pinned
     environ = dict(os.environ if environ is None else environ)
     if entry.backend.kv_size:
-        key = {"inputs": fingerprint_inputs(entry, environ, kv_blocks=None),
-               "sizing_env": {var: environ.get(var) for var in entry.backend.kv_sizing_env()}}
-        return kv.stack_kv_blocks(entry, environ, key, size=size)
+        return kv.stack_kv_blocks(entry, environ, kv_sizing_key(entry, environ), size=size)
     page = entry.backend.kv_page_size(entry)
     return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page) if page else None
+
+
+def kv_sizing_key(entry: Entry, environ: dict[str, str]) -> dict[str, Any]:
+    """What the stack's sizing answers: every fingerprint input but the count, and the variables it reads."""
+    return {"inputs": fingerprint_inputs(entry, environ, kv_blocks=None),
+            "sizing_env": {var: environ.get(var) for var in entry.backend.kv_sizing_env()}}
 
 
 def pin_kv(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: int | None = None) -> Entry:

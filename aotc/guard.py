@@ -61,31 +61,63 @@ ENGINE_ARGS: dict[str, Callable[[Any], Any]] = {
 logger = logging.getLogger("vllm.aotc.guard")  # a child of vLLM's logger: its format, level, handler
 
 
+OFF_VALUES = ("", "0", "false", "no", "off")
+LOG_VALUES = ("1", "true", "yes", "on", "log")
+STRICT_VALUES = ("strict",)
+
+
 def guard_mode(environ: Mapping[str, str] | None = None) -> str | None:
-    """None (off), "log" or "strict"."""
+    """None (off), "log" or "strict". A value that is none of the documented ones means log, with a warning
+    naming them: log only reports (what clients get is unchanged), so it is the harmless reading of both a
+    misspelled "strict" (which still gets its reports, and is told strict is not on) and a misspelled "off"
+    (told how to say it); off would silently drop the reports a misspelled "strict" asked for."""
     value = (os.environ if environ is None else environ).get(ENV_GUARD, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    if value in OFF_VALUES:
         return None
-    return "strict" if value == "strict" else "log"
+    if value in STRICT_VALUES:
+        return "strict"
+    if value not in LOG_VALUES:
+        logger.warning("aotc guard: %s=%r is not a valid value (off: 0, false, no, off or unset; log: 1, true, yes, "
+                       "on, log; strict: strict): guarding in log mode, which only reports", ENV_GUARD, value)
+    return "log"
 
 
 _session: GuardSession | None = None
 
 
-def register() -> None:
-    """vLLM's general-plugin hook; may run several times per process."""
+def never_raises(what: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, but a failure is one warning: vLLM does not catch a plugin's errors (at load or in an import
+    hook), and the guard must never be the reason a server does not start."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            logger.warning("aotc guard: %s failed (%s: %s); serving without it", what, type(exc).__name__, exc)
+            return None
+    return run
+
+
+def _register() -> None:
     global _session
+    if _session is not None:
+        return
     mode = guard_mode()
-    if mode is None or _session is not None:
+    if mode is None:
         return
     from aotc import guard_metrics
 
     remember_launch_flags()
     guard_metrics.metrics_dir()  # created by the first process, inherited by the ones vLLM starts
     _session = GuardSession(mode, running_runner())
-    when_imported(ENGINE_CORE_MODULE, functools.partial(patch_engine_core, _session))
-    when_imported(SCHEDULER_MODULE, functools.partial(patch_scheduler, _session))
-    when_imported(guard_metrics.VLLM_METRICS_ROUTE, guard_metrics.serve_on_vllm_metrics)
+    when_imported(ENGINE_CORE_MODULE, never_raises("hooking the engine core",
+                                                   functools.partial(patch_engine_core, _session)))
+    when_imported(SCHEDULER_MODULE, never_raises("hooking the scheduler", functools.partial(patch_scheduler, _session)))
+    when_imported(guard_metrics.VLLM_METRICS_ROUTE, never_raises("joining /metrics", guard_metrics.serve_on_vllm_metrics))
+
+
+# vLLM's general-plugin hook; may run several times per process
+register = never_raises("starting the guard", _register)
 
 
 def running_runner() -> Any:

@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import stat
 import tempfile
 from typing import Any
 
 METRICS_DIR_ENV = "AOTC_GUARD_METRICS_DIR"
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SNAPSHOT_PREFIX = "aotc-guard-"
+SNAPSHOT_SUFFIX = ".json"
+SNAPSHOT_MAX_BYTES = 1 << 16  # a snapshot is a few hundred bytes; a scrape never reads a big stray file
 # vLLM's /metrics route module (0.13 and 0.32): it asks this module-level name for its registry.
 VLLM_METRICS_ROUTE = "vllm.entrypoints.serve.instrumentator.metrics"
 
@@ -44,6 +48,7 @@ REQUESTS_FAILED = "aotc_requests_failed"
 CACHE_MATCH = "aotc_cache_match"
 READY = "aotc_ready"
 INFO = "aotc_guard_info"
+logger = logging.getLogger("vllm.aotc.guard")  # the guard's logger: vLLM's format and handler
 
 
 HELP = {
@@ -75,16 +80,53 @@ class Figures:
     requests_failed: int = 0
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Figures:
-        return cls(**data)  # an unknown or misspelled key fails here, not silently
+    def from_dict(cls, data: Any) -> Figures:
+        """A snapshot as ``publish`` writes it; anything else (another aotc version's fields, a value of the
+        wrong kind) is a ValueError, never a figure that breaks the scrape later."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        defaults = cls()
+        expected = {f.name for f in dataclasses.fields(cls)}
+        if set(data) != expected:
+            raise ValueError(f"fields {sorted(set(data) ^ expected)} differ (another aotc version's snapshot?)")
+        for name, value in data.items():
+            if not _same_kind(value, getattr(defaults, name)):
+                raise ValueError(f"{name} is {value!r}")
+        return cls(**data)
 
 
-def metrics_dir(environ: Any = None) -> str:
-    """The snapshot directory; the first process to ask creates it and hands it down through the env."""
+def _same_kind(value: Any, default: Any) -> bool:
+    """``value`` has the default's type (bool and int apart); counts are ints >= 0, by family name."""
+    if type(value) is not type(default):
+        return False
+    if isinstance(default, dict):
+        return all(isinstance(k, str) and _same_kind(v, 0) for k, v in value.items())
+    return not isinstance(default, int) or isinstance(default, bool) or value >= 0
+
+
+def metrics_dir(environ: Any = None) -> str | None:
+    """The snapshot directory; the first process to ask creates it and hands it down through the env. None
+    when there is no writable temp dir (a read-only root filesystem): the figures are not published, the
+    guard still checks and logs, and the server serves."""
     environ = os.environ if environ is None else environ
     if not environ.get(METRICS_DIR_ENV):
-        environ[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="aotc-guard-metrics-")
+        try:
+            environ[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="aotc-guard-metrics-")
+        except OSError as exc:
+            _warn_once("no metrics dir", f"cannot create a metrics dir ({exc.strerror or exc}): the guard's figures "
+                                         f"are not on /metrics; set {METRICS_DIR_ENV} (or TMPDIR) to a writable "
+                                         "directory, e.g. an emptyDir")
+            return None
     return environ[METRICS_DIR_ENV]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("aotc guard: %s", message)
 
 
 def publish(figures: Figures, directory: str | None = None) -> None:
@@ -96,7 +138,9 @@ def publish(figures: Figures, directory: str | None = None) -> None:
     if os.environ.get(MULTIPROC_DIR_ENV) and directory is None:
         return publish_multiprocess(figures, os.environ[MULTIPROC_DIR_ENV])
     directory = directory or metrics_dir()
-    path = os.path.join(directory, f"{SNAPSHOT_PREFIX}{os.getpid()}.json")
+    if directory is None:
+        return  # no writable dir: metrics_dir warned
+    path = os.path.join(directory, f"{SNAPSHOT_PREFIX}{os.getpid()}{SNAPSHOT_SUFFIX}")
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump(dataclasses.asdict(figures), f)
@@ -127,30 +171,53 @@ def publish_multiprocess(figures: Figures, directory: str) -> None:
 
 
 def read_snapshots(directory: str) -> list[Figures]:
-    """Every live engine's figures; snapshots of processes that are gone are skipped."""
+    """Every live engine's figures; snapshots of processes that are gone are skipped, and so is (with one
+    warning per file) whatever cannot be read as one: a stray file, another version's format, a FIFO. A
+    scrape of vLLM's /metrics must never fail for a file in this dir."""
     found = []
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
     for name in names:
-        if not (name.startswith(SNAPSHOT_PREFIX) and name.endswith(".json")):
+        if not (name.startswith(SNAPSHOT_PREFIX) and name.endswith(SNAPSHOT_SUFFIX)):
             continue
-        pid = int(name[len(SNAPSHOT_PREFIX):-len(".json")])
-        if not _alive(pid):
+        path = os.path.join(directory, name)
+        pid = name[len(SNAPSHOT_PREFIX):-len(SNAPSHOT_SUFFIX)]
+        if not (pid.isdigit() and pid.isascii()):
+            _warn_once(path, f"skipping {path} on /metrics: not a snapshot name ({SNAPSHOT_PREFIX}<pid>{SNAPSHOT_SUFFIX})")
+            continue
+        if not _alive(int(pid)):
             continue
         try:
-            with open(os.path.join(directory, name)) as f:
-                found.append(Figures.from_dict(json.load(f)))
-        except (OSError, ValueError):
-            continue  # replaced between listdir and open: the next scrape reads it
+            found.append(Figures.from_dict(json.loads(_read_regular(path))))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, RecursionError) as exc:
+            _warn_once(path, f"skipping {path} on /metrics: not a snapshot this aotc can read ({exc})")
     return found
 
 
+def _read_regular(path: str) -> bytes:
+    """A regular file's first bytes, never through a link, never waiting on a FIFO or a device."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, SNAPSHOT_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SNAPSHOT_MAX_BYTES:
+        raise ValueError(f"larger than {SNAPSHOT_MAX_BYTES} bytes")
+    return data
+
+
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False  # 0 would ask about this process group
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
@@ -201,7 +268,10 @@ def serve_on_vllm_metrics(module: Any) -> None:
     original = module.get_prometheus_registry
     if getattr(original, "_aotc_guard", False) or os.environ.get(MULTIPROC_DIR_ENV):
         return  # multiprocess mode: vLLM's MultiProcessCollector reads what publish_multiprocess wrote
-    collector = GuardCollector(metrics_dir())
+    directory = metrics_dir()
+    if directory is None:
+        return  # no writable dir: nothing is published (metrics_dir warned)
+    collector = GuardCollector(directory)
 
     def get_prometheus_registry():
         registry = original()

@@ -12,7 +12,7 @@ serve ask once. A runner without ``kv_size`` keeps the full-length rule: every s
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import BadInput
-from aotc.files import aotc_home, canonical_json
+from aotc.files import aotc_home, answer_path, keep_answer, kept_answer
 from aotc.matrix import Entry
 from aotc.runners.flags import FLAG_ENV_VARS
 from aotc.runners.kv_sizing import OVERRIDE
@@ -40,11 +40,10 @@ def override(entry: Entry) -> int | None:
 def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], *, size: bool = True) -> int:
     """The stack's sizing for ``key`` (aotc/fingerprint.py: entry_kv_blocks): from disk, else by starting
     the stack (``size=False``: never; ``KvNotSized``)."""
-    cached = sizing_path(key, environ)
-    try:
-        return int(json.loads(cached.read_text())["kv_blocks"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    cached = sizing_path(key, environ, entry.backend.kv_size)
+    kept = kept_answer(cached, lambda answer: isinstance(answer, dict) and valid_kv_blocks(answer.get("kv_blocks")))
+    if kept is not None:
+        return kept["kv_blocks"]
     if not size:
         raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on its "
                          f"device, and it was not sized here; pin engine.{OVERRIDE}")
@@ -53,20 +52,22 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
                          f"({entry.accelerator}) and this host has none: run on the pod's TPU type, or pin "
                          f"engine.{OVERRIDE}")
     blocks = run_sizing(entry, environ)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"entry": entry.name, "kv_blocks": blocks}))
-        os.replace(tmp, cached)
-    except OSError:
-        pass  # a read-only home only costs the next command another sizing
+    keep_answer(cached, {"entry": entry.name, "kv_blocks": blocks})
     return blocks
 
 
-def sizing_path(key: dict[str, Any], environ: dict[str, str]) -> Path:
+def sizing_path(key: dict[str, Any], environ: dict[str, str], sizer: str | None = None) -> Path:
     """Where the stack's answer for ``key`` is kept (every fingerprint input but the count itself, and the
-    variables the sizing reads besides, e.g. the twin's stated HBM)."""
-    return aotc_home(environ) / "kv-blocks" / f"{hashlib.sha256(canonical_json(key)).hexdigest()}.json"
+    variables the sizing reads besides, e.g. the twin's stated HBM), with aotc's version and the source of
+    the runner's ``sizer`` module."""
+    spec = importlib.util.find_spec(sizer) if sizer else None
+    sources = [Path(spec.origin)] if spec is not None and spec.origin else []
+    return answer_path(aotc_home(environ) / "kv-blocks", key, *sources)
+
+
+def valid_kv_blocks(value: Any) -> bool:
+    """A page count: a positive JSON integer (not true, not 1e3, not -7)."""
+    return type(value) is int and value > 0
 
 
 def run_sizing(entry: Entry, environ: dict[str, str]) -> int:
@@ -83,10 +84,10 @@ def run_sizing(entry: Entry, environ: dict[str, str]) -> int:
         answer = last_json_line(proc.stdout) or {"error": last_line(proc.stderr)}
     except (OSError, subprocess.SubprocessError) as exc:
         answer = {"error": str(exc)}
-    if "kv_blocks" not in answer:
+    if not valid_kv_blocks(answer.get("kv_blocks")):
         raise BadInput(f"entry {entry.name}: the {entry.runner} stack could not size its KV cache in {python}: "
-                       f"{answer.get('error')} (pin engine.{OVERRIDE} to skip sizing)")
-    return int(answer["kv_blocks"])
+                       f"{answer.get('error') or answer} (pin engine.{OVERRIDE} to skip sizing)")
+    return answer["kv_blocks"]
 
 
 def last_json_line(text: str) -> dict[str, Any] | None:

@@ -1,12 +1,15 @@
 """Small process helpers every layer shares: a free loopback port, an environment change where None unsets,
-and leaving without interpreter teardown."""
+leaving without interpreter teardown, and SIGTERM as an exception."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
-from collections.abc import Mapping, MutableMapping
+import threading
+from collections.abc import Iterator, Mapping, MutableMapping
 
 
 def free_port() -> int:
@@ -36,3 +39,33 @@ def exit_now(code: int) -> None:
         for child in sys.modules["multiprocessing"].active_children():
             child.kill()
     os._exit(code)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a pod deleted, a job cancelled) raised where the main thread is, as Ctrl-C raises
+    KeyboardInterrupt: every ``finally`` and ``with`` on the way out runs, so nothing half-written stays."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside, SIGTERM raises ``Terminated`` once; a second one is ignored, so it cannot cut the clean-up
+    the first started (the kubelet's SIGKILL after the grace period still ends the process). The previous
+    handler is back afterwards (``aotc.cli.main`` also runs inside test processes); off the main thread,
+    where Python cannot take signals, nothing changes."""
+    def terminated(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    """The shell's convention: 128 + the signal's number (SIGTERM 143, SIGINT 130)."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)

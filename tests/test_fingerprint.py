@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from aotc.fingerprint import diff_inputs, fingerprint_entry
 from aotc.matrix import parse_matrix
 from aotc.runners.spec import load_runner
 
-from .conftest import CONFIGS, REPO
+from .conftest import CONFIGS, REPO, launch_environ
 
 BASE = parse_matrix("""
 defaults: {env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {block_size: 16, num_gpu_blocks_override: 2049}}
@@ -276,3 +277,37 @@ def test_a_tpu_host_is_known_by_its_pci_vendor_id_stand_in_sysfs(tmp_path):
     (tmp_path / "0000:00:06.0").mkdir()
     (tmp_path / "0000:00:06.0" / "vendor").write_text(GOOGLE_PCI_VENDOR + "\n")
     assert has_tpu(tmp_path) and not has_tpu(tmp_path / "missing")
+
+
+# --- answers kept under $AOTC_HOME are checked, not trusted as found -------------------------------
+
+TPU_CONFIG, TPU_ENTRY = CONFIGS / "example-tpu-jax.yaml", "qwen25-7b-jax--len4096-seqs64-tok1024-tp4"
+
+
+def kept_sizing(home) -> Path:
+    """Where `aotc fingerprint` looks for the stack's sizing of the TPU entry, with AOTC_HOME=home."""
+    from aotc import kv
+    from aotc.fingerprint import kv_sizing_key
+    from aotc.matrix import load_matrix
+
+    entry = load_matrix(TPU_CONFIG).entry(TPU_ENTRY)
+    environ = {**launch_environ(), "AOTC_HOME": str(home)}
+    return kv.sizing_path(kv_sizing_key(entry, environ), environ, entry.backend.kv_size)
+
+
+@pytest.mark.parametrize("kept, trusted", [(4096, True), (True, False), (-7, False), (1e3, False), ("64", False)])
+def test_a_kept_kv_sizing_is_used_only_when_it_is_a_page_count(tmp_path, kept, trusted):
+    """A TPU entry's page count is the stack's to size on a TPU (none here): a valid kept answer is used, an
+    invalid one is discarded, so the command asks for a sizing it cannot do here (exit 2)."""
+    path = kept_sizing(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"entry": TPU_ENTRY, "kv_blocks": kept}))
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", "fingerprint", str(TPU_CONFIG), "--entry", TPU_ENTRY,
+                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**launch_environ(), "AOTC_HOME": str(tmp_path)})
+    if trusted:
+        assert proc.returncode == 0, proc.stderr
+        assert '"kv_blocks": 4096' in proc.stdout, proc.stdout
+    else:
+        assert proc.returncode == 2 and "this host has none" in proc.stderr, (proc.returncode, proc.stderr)
+        assert not path.exists()  # discarded: the next command sizes again

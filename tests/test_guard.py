@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -364,3 +365,75 @@ def test_metrics_join_whichever_registry_vllms_route_builds(tmp_path, monkeypatc
     guard_metrics.serve_on_vllm_metrics(route)  # plugins load more than once
     assert route.get_prometheus_registry() is route.get_prometheus_registry() is shared
     assert "aotc_compiles_at_startup_total 7.0" in generate_latest(shared).decode()
+
+
+# --- in the pod: the plugin load and /metrics never fail a server -----------------------------------
+
+SCRAPE = """
+from fastapi import FastAPI
+from starlette.testclient import TestClient
+from vllm.entrypoints.serve.instrumentator.metrics import attach_router
+app = FastAPI()
+attach_router(app)
+for _ in range(2):
+    response = TestClient(app).get('/metrics')
+    print('SCRAPE', response.status_code, flush=True)
+print(response.text)
+"""
+
+
+def load_the_plugin(env: dict[str, str], before: str = "", after: str = SCRAPE) -> subprocess.CompletedProcess:
+    """vLLM's own general-plugin load (what every `vllm serve` process does), then two scrapes of vLLM's own
+    /metrics route (its ASGI app, in process), in a real process; prints SERVING if it got that far."""
+    code = f"from vllm.plugins import load_general_plugins\n{before}\nload_general_plugins()\n{after}\nprint('SERVING')"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AOTC_GUARD")} | env
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd=REPO,
+                          timeout=300)
+
+
+def guard_warnings(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if "WARNING" in line and "aotc guard:" in line]
+
+
+def test_a_pod_without_a_writable_temp_dir_still_serves_and_says_why():
+    """A read-only root filesystem: once vLLM is imported (its own import needs a temp dir, here it had one),
+    no file may grow (RLIMIT_FSIZE 0), so tempfile finds no usable dir, as under readOnlyRootFilesystem."""
+    no_temp_dir = "import resource, tempfile\nresource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\ntempfile.tempdir = None"
+    proc = load_the_plugin({"AOTC_GUARD": "1"}, before=no_temp_dir)
+    assert proc.returncode == 0 and "SERVING" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.count("SCRAPE 200") == 2  # vLLM's own metrics still served
+    [warning] = guard_warnings(proc)
+    assert "cannot create a metrics dir" in warning and guard_metrics.METRICS_DIR_ENV in warning, warning
+
+
+def test_unreadable_snapshots_are_skipped_and_vllms_metrics_still_served(tmp_path):
+    good = guard_metrics.Figures(runner="vllm-tpu", compiles_at_startup=3)
+    guard_metrics.publish(good, str(tmp_path))  # this (live) process's snapshot
+    newer = {**dataclasses.asdict(good), "compiles_by_shape": {}}  # a newer aotc's format
+    (tmp_path / "aotc-guard-1.json").write_text(json.dumps(newer))
+    wrong_kinds = {**dataclasses.asdict(good), "compiles_after_ready": [1], "ready": "yes"}
+    (tmp_path / f"aotc-guard-{os.getppid()}.json").write_text(json.dumps(wrong_kinds))
+    (tmp_path / "aotc-guard-stray.json").write_text("left by hand")
+    with subprocess.Popen(["sleep", "300"]) as sleeper:
+        os.mkfifo(tmp_path / f"aotc-guard-{sleeper.pid}.json")  # a FIFO: opening it would wait forever
+        try:
+            proc = load_the_plugin({"AOTC_GUARD": "1", guard_metrics.METRICS_DIR_ENV: str(tmp_path)})
+        finally:
+            sleeper.kill()
+    assert proc.returncode == 0 and proc.stdout.count("SCRAPE 200") == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "aotc_compiles_at_startup_total 3.0" in proc.stdout and "python_info" in proc.stdout
+    warnings = guard_warnings(proc)  # one per unreadable file, over two scrapes
+    assert len(warnings) == 4, warnings
+    for name in ("aotc-guard-1.json", f"aotc-guard-{os.getppid()}.json", "aotc-guard-stray.json",
+                 f"aotc-guard-{sleeper.pid}.json"):
+        assert sum(name in line for line in warnings) == 1, (name, warnings)
+
+
+@pytest.mark.parametrize("value", ["stric", "disabled"])
+def test_a_misspelled_guard_mode_warns_naming_the_valid_values(value):
+    proc = load_the_plugin({"AOTC_GUARD": value}, after="")
+    assert proc.returncode == 0 and "SERVING" in proc.stdout, proc.stderr[-3000:]
+    [warning] = guard_warnings(proc)
+    assert f"AOTC_GUARD={value!r} is not a valid value" in warning and "strict: strict" in warning, warning
+    assert "off: 0, false, no, off or unset" in warning and "log mode" in warning, warning

@@ -157,3 +157,45 @@ def test_a_stacks_arguments_are_not_judged_by_another_stacks_vllm(monkeypatch, t
     assert parse_matrix(ONLY_VLLM_032_KNOWS.format(runner="tpu-inference")).entries
     with pytest.raises(MatrixError, match=r"vllm serve \(vllm-tpu\): .*cudagraph_mm_encoder"):
         parse_matrix(ONLY_VLLM_032_KNOWS.format(runner="vllm-tpu"))
+
+
+REFUSED_ARGUMENT = """
+defaults: {{runner: vllm-tpu, device: cpu, accelerator: v6e-1, dtype: bfloat16}}
+models:
+  - name: tiny-llama
+    model: {model}
+    engine: {{max_num_partial_prefills_typo: 2}}
+    matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+"""
+
+
+def test_a_kept_engine_argument_verdict_is_checked_before_it_is_trusted(tmp_path):
+    """`aotc plan` keeps vllm serve's verdicts under $AOTC_HOME/engine-args; one that is not a verdict per
+    engine (``[]``, a number) is discarded and the parser asked again: the refused argument stays refused."""
+    from .conftest import run_aotc
+
+    config = tmp_path / "m.yaml"
+    config.write_text(REFUSED_ARGUMENT.format(model=CONFIGS / "models" / "tiny-llama"))
+    home = {"AOTC_HOME": str(tmp_path / "home")}
+    first = run_aotc("plan", config, env=home)
+    assert first.returncode == 2 and "max_num_partial_prefills_typo" in first.stderr, first.stderr
+    [kept] = (tmp_path / "home" / "engine-args").glob("*.json")
+    for tampered in ("[]", '[null, null]'):
+        kept.write_text(tampered)
+        again = run_aotc("plan", config, env=home)
+        assert (again.returncode, again.stderr) == (first.returncode, first.stderr), tampered
+
+
+def test_a_kept_answer_is_keyed_by_aotcs_version_and_the_checkers_source(tmp_path, monkeypatch):
+    import aotc
+    from aotc.files import answer_path
+
+    checker = tmp_path / "checker.py"
+    checker.write_text("v1")
+    first = answer_path(tmp_path, {"q": 1}, checker)
+    assert answer_path(tmp_path, {"q": 1}, checker) == first
+    checker.write_text("v2")  # a fixed checker
+    assert answer_path(tmp_path, {"q": 1}, checker) != first
+    checker.write_text("v1")
+    monkeypatch.setattr(aotc, "__version__", "999.0")
+    assert answer_path(tmp_path, {"q": 1}, checker) != first

@@ -10,7 +10,8 @@ Objects are content-addressed, so one copy per node serves every pod and every e
                                      warm node fetches without contacting the store
 
 Insert: a download lands in the fetcher's own tmp dir, its sha256 is checked while it streams, then it is
-renamed to its name and sealed (``Seal``: inode, size, mtime, ctime and link count, as when hashed). Serve:
+renamed to its name and sealed (``Seal``: inode, size, mtime, ctime and link count, as when hashed, with its
+HMAC under a key kept outside the cache: whoever can write the cache can write a seal, not sign one). Serve:
 dests get hard links (a copy across filesystems). A dest shares the cache's inode, so a pod writing its dest,
 or anyone writing the object whatever mtime they restore, changes the cached bytes; no size or mtime check
 can tell, but the kernel's ctime moves. A sealed object is linked and sealed anew when that link is all that
@@ -28,10 +29,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -41,12 +45,14 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 from aotc.errors import BadInput, IntegrityError
-from aotc.files import parse_time, pid_namespace, process_state, remove_quietly, sha256_file
+from aotc.files import aotc_home, parse_time, pid_namespace, process_state, remove_quietly, sha256_file
 from aotc.manifest import Manifest
 from aotc.store.layout import SHA256_HEX, check_name
 
 ENV_CACHE_DIR = "AOTC_CACHE_DIR"
 ENV_CACHE_MAX_SIZE = "AOTC_CACHE_MAX_SIZE"
+ENV_CACHE_KEY_FILE = "AOTC_CACHE_KEY_FILE"
+KEY_NAME = "node-cache.key"
 DEFAULT_MAX_SIZE = 50 << 30
 SUBDIRS = ("objects", "locks", "tmp", "manifests")
 TMP_GRACE = 60.0  # an unlocked tmp dir younger than this may belong to a fetcher about to lock it
@@ -101,11 +107,14 @@ class Seal:
 
 
 class NodeCache:
-    def __init__(self, root: str, max_size: int = DEFAULT_MAX_SIZE):
+    def __init__(self, root: str, max_size: int = DEFAULT_MAX_SIZE, key_file: str | None = None):
+        """``key_file``: the key that signs seals (default ``$AOTC_CACHE_KEY_FILE``, else
+        ``$AOTC_HOME/node-cache.key``, created on first use); never inside the cache."""
         self.root = os.path.abspath(root)
         self.max_size = max_size
         self._tmp: tuple[str, int] | None = None  # this fetcher's tmp dir and the fd holding its flock
         os.makedirs(self.root, exist_ok=True)  # a root that is a file is the caller's mistake (exit 2)
+        self._key = seal_key(self.root, key_file)
         for sub in SUBDIRS:
             self._make_dir(os.path.join(self.root, sub))
 
@@ -129,9 +138,10 @@ class NodeCache:
         os.utime(lock)  # LRU stamp on the lock file: touching the object would move its ctime
         return st
 
-    def sealed(self, st: os.stat_result, lock: int) -> bool:
-        """The object is as it was when its bytes were last hashed (see ``Seal``)."""
-        return Seal.of(st) == self._seal(lock)
+    def sealed(self, sha256: str, st: os.stat_result, lock: int) -> bool:
+        """The object is as it was when its bytes were last hashed (see ``Seal``), by a seal this node's key
+        signed (whoever can write the cache can write a lock file too, but cannot sign)."""
+        return Seal.of(st) == self._seal(sha256, lock)
 
     def reseal_after_link(self, sha256: str, before: os.stat_result, lock: int) -> bool:
         """After linking a sealed object into a dest: True, and sealed anew, when that link is all that
@@ -142,7 +152,7 @@ class NodeCache:
             return False
         if not Seal.of(before).linked_once_more(after):
             return False
-        self._write_record(lock, seal=astuple(Seal.of(after)))
+        self._write_seal(lock, sha256, after)
         return True
 
     def verify_linked(self, sha256: str, size: int, target: str, lock: int) -> bool:
@@ -157,7 +167,7 @@ class NodeCache:
         except OSError:
             same_inode = False
         if same_inode and Seal.of(after) == Seal.of(before):
-            self._write_record(lock, seal=astuple(Seal.of(after)))
+            self._write_seal(lock, sha256, after)
         return True
 
     def discard(self, sha256: str) -> None:
@@ -194,7 +204,7 @@ class NodeCache:
             self._clear(path, "a directory where an object belongs")
         os.chmod(temp, 0o444)
         os.replace(temp, path)
-        self._write_record(lock, seal=astuple(Seal.of(os.lstat(path))))
+        self._write_seal(lock, sha256, os.lstat(path))
         os.utime(lock)
         return path
 
@@ -283,12 +293,21 @@ class NodeCache:
     def _lock_path(self, sha256: str) -> str:
         return os.path.join(self.root, "locks", sha256)
 
-    def _seal(self, lock: int) -> Seal | None:
-        value = self._record(lock).get("seal")
+    def _seal(self, sha256: str, lock: int) -> Seal | None:
+        """The lock file's seal, if this node's key signed it for this object; else None (hash it)."""
+        record = self._record(lock)
+        value, mac = record.get("seal"), record.get("mac")
         try:
-            return Seal(*value) if isinstance(value, list) else None
+            seal = Seal(*value) if isinstance(value, list) else None
         except TypeError:
             return None
+        if seal is None or self._key is None or not isinstance(mac, str):
+            return None
+        return seal if hmac.compare_digest(mac, _sign(self._key, sha256, seal)) else None
+
+    def _write_seal(self, lock: int, sha256: str, st: os.stat_result) -> None:
+        seal = Seal.of(st)
+        self._write_record(lock, seal=astuple(seal), mac=_sign(self._key, sha256, seal) if self._key else None)
 
     @staticmethod
     def _record(lock: int) -> dict[str, Any]:
@@ -440,6 +459,54 @@ class NodeCache:
             shutil.rmtree(path, ignore_errors=True)
         else:
             remove_quietly(path)
+
+
+def seal_key(root: str, key_file: str | None = None, environ: Any = os.environ) -> bytes | None:
+    """The key that signs this node's seals, kept out of the shared cache dir: a seal is what lets a fetch
+    serve an object without reading it, so it is trusted only when signed by it. None (a key that cannot be
+    read or made): no seal is trusted, every object served is hashed."""
+    path = key_file or environ.get(ENV_CACHE_KEY_FILE) or str(aotc_home(environ) / KEY_NAME)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, os.path.realpath(root)]) == os.path.realpath(root):
+        raise BadInput(f"seal key {path} ({ENV_CACHE_KEY_FILE}): inside the node cache {root}, where whoever writes "
+                       "the cache could read it and sign what they wrote: keep it elsewhere")
+    try:
+        return _read_or_make_key(path)
+    except OSError as exc:
+        logger.warning("node cache: no seal key at %s (%s): every object served is hashed", path,
+                       exc.strerror or exc)
+        return None
+
+
+def _read_or_make_key(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            key = f.read(4096)
+    except FileNotFoundError:
+        _make_key(path)
+        return _read_or_make_key(path)
+    if len(key) < 16:
+        raise BadInput(f"seal key {path}: {len(key)} bytes; a node cache's seal key needs at least 16 (random)")
+    return key
+
+
+def _make_key(path: str) -> None:
+    """Written whole, then linked to its name: a fetcher racing this one reads a whole key, its own or ours."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    temp = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        os.link(temp, path)
+    except FileExistsError:
+        pass  # another fetcher's key won: use that one
+    finally:
+        remove_quietly(temp)
+
+
+def _sign(key: bytes, sha256: str, seal: Seal) -> str:
+    return hmac.new(key, json.dumps([sha256, astuple(seal)]).encode(), hashlib.sha256).hexdigest()
 
 
 def place(source: str, target: str) -> None:

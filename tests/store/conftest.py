@@ -17,6 +17,7 @@ from aotc.store import ENV_STORE_ENDPOINT, Store
 from aotc.testing.artifacts import make_artifact, random_files
 from aotc.testing.faultproxy import FaultProxy
 from aotc.testing.gcs_server import FakeGcs
+from tests.conftest import run_aotc
 
 
 @pytest.fixture(scope="session")
@@ -93,3 +94,16 @@ def wait_for(predicate, what: str, timeout: float = 60.0):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
     return value
+
+
+@pytest.fixture
+def slow_store(gcs_server, proxy, tmp_path):
+    """(gs url, local-folder url) holding the same published artifact with a 20 MiB object (streamed in
+    ranges, so its download is on disk while the store is slow) and a few small ones."""
+    url = f"gs://{new_bucket(gcs_server)}/store"
+    files = random_files(4, seed=7) | {"tp1_rank0/big": os.urandom(20 << 20)}
+    art = make_artifact(tmp_path / "art", entry="slow--x", files=files)
+    local = str(tmp_path / "local-store")
+    for where in (url, local):
+        assert run_aotc("publish", art, "--store", where).returncode == 0
+    return url, local, art

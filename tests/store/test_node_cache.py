@@ -137,3 +137,33 @@ def test_a_stalled_store_cannot_hold_a_pod(gcs_server, proxy, tmp_path, require,
     assert "deadline" in line and ("WITHOUT a compiled cache" in line) == (code == 0)
     assert not (tmp_path / "dest").exists()
     print(f"stalled store, --deadline 5, AOTC_REQUIRE={require!r}: exit {proc.returncode} after {elapsed:.1f}s")
+
+
+def test_whoever_writes_the_node_cache_cannot_seal_altered_bytes(local_url, artifacts, tmp_path):
+    """A seal lets fetch serve an object without reading it. Someone who can write the shared cache (not the
+    fetcher's key, which lives outside it, in AOTC_HOME here) overwrites an object and writes its new stat
+    into the lock file's seal: the next fetch hashes what it links, finds other bytes and fetches the object."""
+    art = artifacts(files=random_files(3, seed=11) | {"tp1_rank0/big": os.urandom(1 << 20)})
+    assert run_aotc("publish", art, "--store", local_url).returncode == 0
+    env, cache = {"AOTC_HOME": str(tmp_path / "fetcher-home")}, tmp_path / "node-cache"
+    fetch(local_url, art, tmp_path / "pod1", cache, env=env)
+    big = next(f for f in Manifest.load(art).files if f.path == "tp1_rank0/big")
+    cached, lock = cache / "objects" / big.sha256[:2] / big.sha256, cache / "locks" / big.sha256
+    cached.write_bytes(os.urandom(big.size))  # root: the object's 0444 does not stop it
+    st, record = cached.stat(), json.loads(lock.read_text())
+    record["seal"] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink]
+    lock.write_text(json.dumps(record))
+    second = fetch(local_url, art, tmp_path / "pod2", cache, env=env)
+    assert tree(tmp_path / "pod2") == expected_dest(art)
+    assert second["downloaded_size"] == big.size  # the altered object was fetched again
+
+
+def test_a_seal_key_inside_the_node_cache_is_refused(local_url, artifacts, tmp_path):
+    art = artifacts(files=random_files(2, seed=12))
+    assert run_aotc("publish", art, "--store", local_url).returncode == 0
+    cache = tmp_path / "node-cache"
+    proc = run_aotc("fetch", "--fingerprint", Manifest.load(art).fingerprint, "--dest", tmp_path / "pod",
+                    "--store", local_url, "--cache-dir", cache,
+                    env={**QUIET, "AOTC_CACHE_KEY_FILE": str(cache / "key")})
+    assert proc.returncode == 2 and "inside the node cache" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "pod").exists()

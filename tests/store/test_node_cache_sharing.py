@@ -22,7 +22,7 @@ from aotc.manifest import Manifest
 from aotc.testing.artifacts import expected_dest, make_artifact, random_files, tree
 from aotc.testing.fetchers import concurrent_fetches, overlapping_files
 from tests.conftest import REPO, run_aotc
-from tests.store.conftest import new_bucket, wait_for
+from tests.store.conftest import wait_for
 
 QUIET = {"AOTC_NO_PROGRESS": "1"}
 
@@ -66,19 +66,6 @@ def test_concurrent_fetchers_sharing_a_node_cache_all_succeed(local_url, tmp_pat
         result = concurrent_fetches(local_url, arts, cache, tmp_path / f"round{round_}", 8, 240,
                                     "--cache-max-size", "2M")
         assert result.ok, result
-
-
-@pytest.fixture
-def slow_store(gcs_server, proxy, tmp_path):
-    """(gs url, local-folder url) holding the same published artifact with a 20 MiB object (streamed in
-    ranges, so its download is on disk while the store is slow) and a few small ones."""
-    url = f"gs://{new_bucket(gcs_server)}/store"
-    files = random_files(4, seed=7) | {"tp1_rank0/big": os.urandom(20 << 20)}
-    art = make_artifact(tmp_path / "art", entry="slow--x", files=files)
-    local = str(tmp_path / "local-store")
-    for where in (url, local):
-        assert run_aotc("publish", art, "--store", where).returncode == 0
-    return url, local, art
 
 
 def test_a_stopped_lock_holder_is_gone_around(slow_store, proxy, tmp_path):

@@ -23,7 +23,7 @@ from aotc.store import ENV_STORE_ENDPOINT, Store
 from tests.conftest import REPO, run_aotc
 from tests.helpers.cli import json_output, one_line_error
 from aotc.testing.artifacts import expected_dest, make_artifact, random_files, tree
-from tests.store.conftest import new_bucket
+from tests.store.conftest import new_bucket, wait_for
 
 QUIET = {"AOTC_NO_PROGRESS": "1"}
 
@@ -349,3 +349,27 @@ def test_11_a_kill_inside_the_fallback_swap_loses_nothing(local_url, artifacts, 
     ok("fetch", "--fingerprint", fp(new), "--dest", str(dest), "--store", local_url,
        env={"AOTC_NO_RENAME_EXCHANGE": "1"})
     assert tree(dest) == expected_dest(new) and os.listdir(dest.parent) == ["xla"]
+
+
+@pytest.mark.parametrize("sig, extra", [(signal.SIGTERM, ()), (signal.SIGTERM, ("--optional",)),
+                                        (signal.SIGINT, ("--deadline", "600"))],
+                         ids=["sigterm", "sigterm-optional", "sigint-deadline"])
+def test_a_fetch_stopped_by_a_signal_leaves_no_staging_dir(slow_store, proxy, tmp_path, sig, extra):
+    """A pod deleted mid-fetch (SIGTERM), or Ctrl-C: the staging dir beside dest goes with the process, in
+    the main thread's fetch and in the deadline's (--optional, --deadline) alike; dest stays as it was."""
+    url, _, art = slow_store
+    proxy.latency = 1.0  # each ranged read waits: the fetch is mid-download for a while
+    dest = tmp_path / "pod" / "cache"
+    fetch = subprocess.Popen([sys.executable, "-m", "aotc.cli", "fetch", "--fingerprint", fp(art), "--dest", str(dest),
+                              "--store", url, *extra], cwd=REPO, env={**os.environ, **QUIET},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        staging = wait_for(lambda: [p for p in dest.parent.glob(f".{dest.name}.aotc-staging-*") if any(p.rglob("*"))],
+                           "a staging dir with a download in it", timeout=120)
+        assert fetch.poll() is None
+        fetch.send_signal(sig)
+        _, stderr = fetch.communicate(timeout=60)
+    finally:
+        fetch.kill()
+    assert not any(p.exists() for p in staging) and os.listdir(dest.parent) == [], os.listdir(dest.parent)
+    assert fetch.returncode == 128 + sig and stderr.strip() == "aotc: interrupted", (fetch.returncode, stderr)
