@@ -307,7 +307,7 @@ JAX_CPU = {"runner": "tpu-inference", "device": "cpu", "accelerator": "v6e-4"}
 def test_a_draft_given_as_json_text_is_known_by_its_config_as_in_a_mapping(tmp_path):
     """vllm serve takes speculative_config as JSON text too (any JSON argument): that draft is read beside the
     matrix and known by its config.json, as a mapping's is, not by its path (two drafts at one path with other
-    configs shared one fingerprint; tests/test_fingerprint.py's mapping tests change the config itself)."""
+    configs shared one fingerprint; the mapping's tests above change the config itself)."""
     draft = CONFIGS / "models" / "tiny-llama-eagle3"
     (tmp_path / "draft").symlink_to(draft)  # resolved, as a model dir is: the stack's verdict stays cached
     spec = {"method": "eagle3", "model": "./draft", "num_speculative_tokens": 2}
