@@ -22,7 +22,7 @@ from typing import Any
 
 from aotc import __version__
 from aotc.errors import BadInput
-from aotc.fingerprint import Fingerprint, fingerprint_entry, pin_kv
+from aotc.fingerprint import Fingerprint, fingerprint_entry, pin_kv, require_pinned
 from aotc.runners.spec import runner_python
 from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
@@ -127,6 +127,7 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
     options.check()
     selected = shard_entries(matrix.select(entries), shard)
+    require_pinned(selected)  # before any download: what a pod would load must be known
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for entry in selected:  # before hours of compiling, not at the final rename

@@ -37,6 +37,9 @@ POD_ONLY_ARGS = frozenset({
 # Arguments aotc sets itself from the matrix's own keys (axes, dtype, model); the matrix says them there.
 OWN_KEYS = frozenset({"model", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                       "dtype", "revision", "seed", "load_format"})
+# vllm serve's --config: a YAML file of more arguments, read by the server's parser alone. The build would not
+# apply them and the fingerprint would hash a path, so the matrix takes the arguments themselves.
+ARGUMENT_FILES = frozenset({"config"})
 CHECK_TIMEOUT = 300
 # What runs vllm serve's parser in the runner's interpreter (read, never imported here: it imports vLLM)
 CHECKER = Path(__file__).parent / "runners" / "serve_args.py"
@@ -48,23 +51,26 @@ def normalize(key: str) -> str:
 
 
 def graph_args(engine: dict[str, Any]) -> dict[str, Any]:
-    """The engine arguments that can change a graph or its key: all but the pod-only ones, sorted; a local
-    speculative draft model as ``portable_draft`` names it."""
-    args = {k: engine[k] for k in sorted(engine) if k not in POD_ONLY_ARGS}
-    if isinstance(args.get("speculative_config"), dict):
-        args["speculative_config"] = portable_draft(args["speculative_config"])
-    return args
+    """The engine arguments that can change a graph or its key: all but the pod-only ones, sorted."""
+    return {k: engine[k] for k in sorted(engine) if k not in POD_ONLY_ARGS}
 
 
-def portable_draft(spec: dict[str, Any]) -> dict[str, Any]:
-    """A draft model in a local dir (the matrix made its path absolute) is identified by its dir's name and
-    its config.json's sha256, not by where it lies on this machine, as the target model is."""
-    model = spec.get("model")
-    config = Path(model) / "config.json" if isinstance(model, str) and os.path.isabs(model) else None
-    if config is None or not config.is_file():
-        return spec
-    digest = hashlib.sha256(config.read_bytes()).hexdigest()
-    return {**spec, "model": os.path.basename(model.rstrip("/")), "model_config_sha256": digest}
+def decoded_json_args(engine: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's parser takes a JSON argument (``speculative_config``, ``compilation_config``, ``hf_overrides``, ...)
+    as its JSON text too; decoded here, every reader (a local draft's path, the rules, the fingerprint) sees one
+    form, the mapping, and ``cli_flags`` hands the server the same JSON back. Only a JSON object is decoded: no
+    other argument takes one."""
+    return {key: _json_object(value) for key, value in engine.items()}
+
+
+def _json_object(value: Any) -> Any:
+    if not (isinstance(value, str) and value.lstrip().startswith("{")):
+        return value
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return value
+    return decoded if isinstance(decoded, dict) else value
 
 
 def with_hf_overrides(config: dict[str, Any] | None, engine: dict[str, Any]) -> dict[str, Any] | None:

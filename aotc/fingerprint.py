@@ -10,13 +10,17 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from aotc import kv
 from aotc.engine_args import graph_args
+from aotc.errors import BadInput
 from aotc.files import canonical_json, sha256_file
-from aotc.matrix import Entry, hf_config
+from aotc.hf_cache import cached_commit
+from aotc.matrix import MODEL_FILES, Entry, hf_config
 from aotc.runners.flags import xla_flags
 from aotc.runners.paddings import full_length_blocks
 from aotc.runners.spec import runner_versions
@@ -54,9 +58,66 @@ def twin_digest(entry: Entry) -> str | None:
     return code_digest(modules) if entry.device == "cpu" and modules else None
 
 
-def model_config_digest(entry: Entry) -> str | None:
+def local_model_inputs(name: str, model_dir: Path) -> dict[str, Any]:
+    """A local model or draft as the fingerprint knows it: by ``name`` (its dir's), not where it lies, and by the
+    sha256 of each file of it a plan reads (``MODEL_FILES``): config.json's as ``model_config_sha256``, the
+    others the dir has under ``model_files_sha256`` (absent with none, so a text model's inputs are as before)."""
+    digests = {file: sha256_file(str(model_dir / file))[0] for file in MODEL_FILES if (model_dir / file).is_file()}
+    inputs = {"model": name, "model_config_sha256": digests.pop("config.json")}
+    if digests:
+        inputs["model_files_sha256"] = digests
+    return inputs
+
+
+def model_inputs(entry: Entry) -> dict[str, Any]:
     path = entry.model_config_path
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.is_file() else None
+    if path is None or not path.is_file():
+        return {"model": entry.model, "model_config_sha256": None}
+    return local_model_inputs(os.path.basename(entry.model.rstrip("/")), path.parent)
+
+
+def engine_inputs(engine: dict[str, Any]) -> dict[str, Any]:
+    """Every engine argument that can change a graph (``graph_args``) but the page count (it is ``kv_blocks``: an
+    entry that pins the count the stack sized has the sized entry's fingerprint); a local speculative draft (the
+    matrix made its path absolute) known as ``local_model_inputs`` knows the target."""
+    args = {k: v for k, v in graph_args(engine).items() if k != kv.OVERRIDE}
+    spec = args.get("speculative_config")
+    draft = spec.get("model") if isinstance(spec, dict) else None
+    if isinstance(draft, str) and os.path.isabs(draft) and (Path(draft) / "config.json").is_file():
+        args["speculative_config"] = {**spec, **local_model_inputs(os.path.basename(draft.rstrip("/")), Path(draft))}
+    return args
+
+
+# A Hugging Face commit: the one revision whose files cannot change under the same name.
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+def unpinned_hub_models(entry: Entry) -> list[str]:
+    """Each hub model the entry's runner loads (the model, a speculative draft) at a branch or tag rather than a
+    commit, as a one-line reason. A pod's vLLM loads whatever that revision names when it starts, and neither the
+    fingerprint nor an init container (no Hugging Face cache) can know which commit that is."""
+    if not entry.backend.loads_models:
+        return []
+    found = [] if entry.model_path else [("revision", entry.model, entry.revision)]
+    spec = entry.engine_mapping("speculative_config")
+    draft = spec.get("model") if isinstance(spec, dict) else None
+    if isinstance(draft, str) and not os.path.isabs(draft):
+        found.append(("engine.speculative_config.revision", draft, spec.get("revision")))
+    return [f"{entry.name}: {key}: hub model {model} at {repr(revision) if revision else 'its default branch'}, "
+            "not a commit: a pod's vLLM loads whatever that names when it starts, which no fingerprint can know; "
+            "pin the commit (40 hex digits)" + _cached_commit_hint(model, str(revision or "main"))
+            for key, model, revision in found if not COMMIT_RE.fullmatch(str(revision or ""))]
+
+
+def _cached_commit_hint(model: str, revision: str) -> str:
+    commit = cached_commit(model, revision)
+    return f" ({revision!r} names {commit} in this machine's Hugging Face cache)" if commit else ""
+
+
+def require_pinned(entries: list[Entry]) -> None:
+    for entry in entries:
+        if problems := unpinned_hub_models(entry):
+            raise BadInput(problems[0])
 
 
 _SIZED = object()
@@ -95,13 +156,11 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_b
     """``kv_blocks``: the KV page count when it is known otherwise (the running engine's, a manifest's);
     by default the entry's (aotc/kv.py: the matrix's override, else the stack's sizing)."""
     environ = dict(os.environ if environ is None else environ)
-    model_digest = model_config_digest(entry)
     inputs = {
         "fingerprint_version": FINGERPRINT_VERSION,
-        # a local model is identified by its config, not by where it happens to lie on disk
-        "model": os.path.basename(entry.model.rstrip("/")) if model_digest else entry.model,
+        **model_inputs(entry),
+        # a hub model's files are named by it, a commit (fingerprint_entry refuses a branch)
         "revision": entry.revision,
-        "model_config_sha256": model_digest,
         "runner": entry.runner,
         "device": entry.device,
         "accelerator": entry.accelerator,
@@ -111,8 +170,7 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_b
         "max_num_batched_tokens": entry.max_num_batched_tokens,
         "tensor_parallel_size": entry.tensor_parallel_size,
         # every vllm serve argument the matrix set, but those a pod chooses freely (aotc/engine_args.py)
-        # the page count once, under kv_blocks: pinned by the matrix or sized by the stack, the same graphs
-        "engine": {k: v for k, v in graph_args(entry.engine).items() if k != kv.OVERRIDE},
+        "engine": engine_inputs(entry.engine),
         # a shape in every backbone graph; the serving flags pin it (aotc/server.py)
         "kv_blocks": entry_kv_blocks(entry, environ) if kv_blocks is _SIZED else kv_blocks,
         "env": entry.backend.runner_env(entry, environ),
@@ -131,6 +189,9 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_b
 
 
 def fingerprint_entry(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> Fingerprint:
+    """The digest that names an artifact: refused (exit 2) for a hub model at a branch (``unpinned_hub_models``).
+    The guard, which describes a running server, calls ``fingerprint_inputs`` and names such a difference."""
+    require_pinned([entry])
     inputs = fingerprint_inputs(entry, environ, kv_blocks)
     return Fingerprint(digest_of(inputs), inputs)
 

@@ -28,11 +28,19 @@ def _expand(path: str) -> str:
 def cached_file(repo_id: str, filename: str, revision: str = "main", cache_dir: Path | None = None) -> Path | None:
     """The cached ``filename`` of model ``repo_id`` at ``revision`` (a branch or tag the cache has a ref for,
     or a commit), or None when the cache does not hold it."""
-    repo = (cache_dir or hub_cache_dir()) / f"models--{repo_id.replace('/', '--')}"
-    ref = repo / "refs" / revision
-    commit = ref.read_text() if ref.is_file() else revision
-    path = repo / "snapshots" / commit / filename
+    commit = cached_commit(repo_id, revision, cache_dir) or revision
+    path = _repo_dir(repo_id, cache_dir) / "snapshots" / commit / filename
     return path if path.is_file() else None
+
+
+def cached_commit(repo_id: str, revision: str, cache_dir: Path | None = None) -> str | None:
+    """The commit a branch or tag names in the cache (its ``refs/<revision>``), or None without that ref."""
+    ref = _repo_dir(repo_id, cache_dir) / "refs" / revision
+    return ref.read_text() if ref.is_file() else None
+
+
+def _repo_dir(repo_id: str, cache_dir: Path | None) -> Path:
+    return (cache_dir or hub_cache_dir()) / f"models--{repo_id.replace('/', '--')}"
 
 
 def download_hint(repo_id: str, revision: str) -> str:

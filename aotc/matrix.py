@@ -19,7 +19,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator,
                       model_validator)
 
-from aotc.engine_args import OWN_KEYS, normalize, stack_verdicts, with_hf_overrides
+from aotc.engine_args import ARGUMENT_FILES, OWN_KEYS, decoded_json_args, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
 from aotc.files import PLAIN_NAME, read_regular_file
 from aotc.hf_cache import cached_file
@@ -35,6 +35,10 @@ STR_TAG, MERGE_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
 JSON_TAGS = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null", "seq", "map"))
 
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
+# The files of a model dir a plan reads (through Entry.model_json), so those the fingerprint hashes of a local
+# model or draft: a file that changes the plan changes the set of graphs. tests/test_fingerprint.py holds every
+# file a plan opens to this list.
+MODEL_FILES = ("config.json", "preprocessor_config.json", "processor_config.json")
 
 
 class _Frozen(BaseModel):
@@ -50,6 +54,9 @@ def _engine_keys(data: Any) -> Any:
         name = normalize(str(key))
         if name in OWN_KEYS:
             raise ValueError(f"{key}: set by the matrix itself (matrix axes, dtype, model, revision), not engine:")
+        if name in ARGUMENT_FILES:
+            raise ValueError(f"{key}: a file of vllm serve arguments is read by the server alone (the build would "
+                             "not apply it, the fingerprint not see it): give its arguments under engine:")
         out[name] = value
     return out
 
@@ -227,6 +234,16 @@ class Entry:
         at the entry's revision (None when the cache lacks it: nothing here reaches the network)."""
         return self.model_config_path or cached_file(self.model, "config.json", self.revision)
 
+    def model_json(self, name: str) -> dict[str, Any]:
+        """A file of the model beside the config.json this machine reads (one of ``MODEL_FILES``: the fingerprint
+        hashes those), as a mapping; {} where it has none."""
+        if name not in MODEL_FILES:
+            raise ValueError(f"{name}: not in MODEL_FILES, so not in a local model's fingerprint")
+        config = self.readable_config_path
+        path = config.parent / name if config is not None else None
+        return json.loads(read_regular_file(path, MAX_CONFIG_JSON_BYTES)) \
+            if path is not None and path.is_file() else {}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -238,9 +255,7 @@ class Entry:
 def hf_config(entry: Entry) -> dict | None:
     """The entry's config.json as vLLM sees it (with the entry's ``hf_overrides``), when this machine has it:
     a local model's, or a hub model's from the Hugging Face cache."""
-    path = entry.readable_config_path
-    return with_hf_overrides(json.loads(read_regular_file(path, MAX_CONFIG_JSON_BYTES)), entry.engine) \
-        if path and path.is_file() else None
+    return with_hf_overrides(entry.model_json("config.json") or None, entry.engine)
 
 
 @dataclass(frozen=True)
@@ -466,7 +481,7 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
             if not PLAIN_NAME.fullmatch(name):  # it names the artifact's store path (aotc/store/layout.py)
                 raise MatrixError(file, f"{where}.matrix", f"entry name {name[:80]!r}... is {len(name)} characters; "
                                   "a store takes at most 200: shorten the model name or the swept values")
-            engine = _with_local_draft({**settings["engine"], **chosen}, base_dir, file,
+            engine = _with_local_draft(decoded_json_args({**settings["engine"], **chosen}), base_dir, file,
                                        f"{where}.{'matrix' if 'speculative_config' in chosen else 'engine'}")
             entry = Entry(name=name, model_name=model.name, model=model.model, revision=model.revision,
                           max_model_len=len_, max_num_seqs=seqs, max_num_batched_tokens=tok,

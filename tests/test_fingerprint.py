@@ -1,8 +1,10 @@
 """The fingerprint: deterministic across processes, and sensitive to every single input."""
 
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +14,18 @@ import pytest
 from aotc.cli import main
 from aotc.errors import MatrixError
 from aotc.fingerprint import diff_inputs, fingerprint_entry
-from aotc.matrix import parse_matrix
+from aotc.matrix import MODEL_FILES, parse_matrix
 from aotc.runners.spec import load_runner
 
-from .conftest import CONFIGS, REPO, launch_environ
+from .conftest import CONFIGS, REPO, launch_environ, run_aotc
+from .helpers.cli import json_output, one_line_error
 
-BASE = parse_matrix("""
-defaults: {env: {VLLM_TPU_BUCKET_PADDING_GAP: 0}, engine: {block_size: 16, num_gpu_blocks_override: 2049}}
-models: [{name: m, model: org/m, revision: abc, matrix: {max_model_len: [2048], max_num_seqs: [128],
-          max_num_batched_tokens: [512], tensor_parallel_size: [1]}}]
+# a hub model pinned to a commit, as fingerprint_entry requires
+COMMIT, OTHER_COMMIT = "a" * 40, "b" * 40
+BASE = parse_matrix(f"""
+defaults: {{env: {{VLLM_TPU_BUCKET_PADDING_GAP: 0}}, engine: {{block_size: 16, num_gpu_blocks_override: 2049}}}}
+models: [{{name: m, model: org/m, revision: {COMMIT}, matrix: {{max_model_len: [2048], max_num_seqs: [128],
+          max_num_batched_tokens: [512], tensor_parallel_size: [1]}}}}]
 """).entries[0]
 ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_cpu_enable_fast_math=false", "LIBTPU_INIT_ARGS": ""}
 
@@ -34,7 +39,7 @@ PINNED = {"block_size": 16, "num_gpu_blocks_override": 2049}
 
 ENTRY_CHANGES = {
     "model": {"model": "org/other"},
-    "revision": {"revision": "def"},
+    "revision": {"revision": OTHER_COMMIT},
     "runner_device": {"device": "cpu"},
     "accelerator": {"accelerator": "v5e-8"},
     "dtype": {"dtype": "float32"},
@@ -137,10 +142,9 @@ def test_local_model_location_does_not_matter(tmp_path):
 
 def draft_entry(matrix_dir, draft="./draft"):
     """An eagle3 entry whose draft model is a local dir named relative to the matrix's own dir."""
-    text = ("models: [{name: t, model: org/m, runner: tpu-inference, engine: {speculative_config: {method: eagle3, "
-            "model: %s, num_speculative_tokens: 2}, num_gpu_blocks_override: 65}, matrix: {max_model_len: [128], "
-            "max_num_seqs: [8], "
-            "max_num_batched_tokens: [64]}}]" % draft)
+    text = ("models: [{name: t, model: org/m, revision: %s, runner: tpu-inference, engine: {speculative_config: "
+            "{method: eagle3, model: %s, num_speculative_tokens: 2}, num_gpu_blocks_override: 65}, matrix: "
+            "{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}]" % (COMMIT, draft))
     return parse_matrix(text, base_dir=matrix_dir, check_stack=False).entries[0]
 
 
@@ -246,7 +250,7 @@ def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     assert "serving_fixes" not in fingerprint_entry(dataclasses.replace(text, engine={"num_gpu_blocks_override": 65}),
                                                     ENV).inputs
     # a hub id has no local config: it may be a vision model, and no machine can tell it from a cache
-    hub = dataclasses.replace(text, model="Qwen/Qwen2.5-VL-7B-Instruct", model_path=None,
+    hub = dataclasses.replace(text, model="Qwen/Qwen2.5-VL-7B-Instruct", revision=COMMIT, model_path=None,
                               engine={"num_gpu_blocks_override": 65})
     assert fingerprint_entry(hub, ENV).inputs["serving_fixes"] == code_digest(SERVING_FIXES)
 
@@ -281,7 +285,9 @@ def test_a_tpu_host_is_known_by_its_pci_vendor_id_stand_in_sysfs(tmp_path):
 
 # --- answers kept under $AOTC_HOME are checked, not trusted as found -------------------------------
 
-TPU_CONFIG, TPU_ENTRY = CONFIGS / "example-tpu-jax.yaml", "qwen25-7b-jax--len4096-seqs64-tok1024-tp4"
+# torch_xla's runner: its stack sizes a TPU entry on a TPU only (tpu-inference's sizes it here, against the
+# target's HBM: tests/tpu_inference/test_tpu_target_jax.py)
+TPU_CONFIG, TPU_ENTRY = CONFIGS / "example-tpu.yaml", "llama31-8b--len2048-seqs128-tok512-tp4"
 
 
 def kept_sizing(home) -> Path:
@@ -311,3 +317,164 @@ def test_a_kept_kv_sizing_is_used_only_when_it_is_a_page_count(tmp_path, kept, t
     else:
         assert proc.returncode == 2 and "this host has none" in proc.stderr, (proc.returncode, proc.stderr)
         assert not path.exists()  # discarded: the next command sizes again
+
+
+# --- every input that can change the set of graphs, through `aotc fingerprint` (issue 45) ------------------
+
+
+def entry_name(name: str, tokens: int = 64) -> str:
+    return f"{name}--len128-seqs8-tok{tokens}-tp1"
+
+
+def write_matrix(path, models: list[dict], **defaults) -> str:
+    """A matrix file (JSON is YAML) of ``models``, each with the demo's shapes unless it names its own."""
+    shapes = {"max_model_len": [128], "max_num_seqs": [8], "max_num_batched_tokens": [64]}
+    path.write_text(json.dumps({"defaults": defaults, "models": [{"matrix": shapes, **m} for m in models]}))
+    return str(path)
+
+
+def cli_fingerprint(config: str, entry: str, env: dict | None = None) -> dict:
+    return json_output(run_aotc("fingerprint", config, "--entry", entry, "--json", env=env))
+
+
+def sha256_of(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+JAX_CPU = {"runner": "tpu-inference", "device": "cpu", "accelerator": "v6e-4"}
+
+
+def test_a_draft_given_as_json_text_is_known_by_its_config_as_in_a_mapping(tmp_path):
+    """vllm serve takes speculative_config as JSON text too (any JSON argument): that draft is read beside the
+    matrix and known by its config.json, as a mapping's is, not by its path (two drafts at one path with other
+    configs shared one fingerprint; the mapping's tests above change the config itself)."""
+    draft = CONFIGS / "models" / "tiny-llama-eagle3"
+    (tmp_path / "draft").symlink_to(draft)  # resolved, as a model dir is: the stack's verdict stays cached
+    spec = {"method": "eagle3", "model": "./draft", "num_speculative_tokens": 2}
+    target = str(CONFIGS / "models" / "tiny-llama-8-layers")
+    config = write_matrix(tmp_path / "matrix.yaml", [
+        {"name": "text", "model": target, "engine": {"speculative_config": json.dumps(spec)}},
+        {"name": "mapping", "model": target, "engine": {"speculative_config": spec}}],
+        **JAX_CPU, engine={"num_gpu_blocks_override": 65})
+    text, mapping = (cli_fingerprint(config, entry_name(name)) for name in ("text", "mapping"))
+    assert text["fingerprint"] == mapping["fingerprint"]
+    known = text["inputs"]["engine"]["speculative_config"]
+    assert (known["model"], known["model_config_sha256"]) == (draft.name, sha256_of(draft / "config.json"))
+
+
+def test_a_preprocessor_config_that_changes_the_plan_changes_the_fingerprint(tmp_path):
+    """Qwen2.5-VL with dynamic image sizes: the processor's max_pixels (its preprocessor_config.json) bounds the
+    images, so the plan's encoder graphs; the fingerprint hashes that file as the plan reads it."""
+    model = tmp_path / "vl"
+    shutil.copytree(CONFIGS / "models" / "tiny-qwen2_5-vl", model)
+    config = write_matrix(tmp_path / "matrix.yaml", [{
+        "name": "vl", "model": "./vl",
+        "engine": {"num_gpu_blocks_override": 64, "limit_mm_per_prompt": {"image": 2, "video": 0},
+                   "additional_config": {"enable_dynamic_image_sizes": True}},
+        "matrix": {"max_model_len": [128], "max_num_seqs": [8], "max_num_batched_tokens": [32]}}],
+        runner="tpu-inference", device="cpu", accelerator="v6e-1")
+    entry = entry_name("vl", tokens=32)
+    preprocessor = model / "preprocessor_config.json"
+    seen = []
+    for max_pixels in (12544, 50176):
+        preprocessor.write_text(json.dumps({**json.loads(preprocessor.read_text()), "max_pixels": max_pixels}))
+        plan = json_output(run_aotc("plan", config, "--entry", entry, "--json"))
+        seen.append((plan["total_graphs"], cli_fingerprint(config, entry)))
+    (small_graphs, small), (large_graphs, large) = seen
+    assert small_graphs != large_graphs  # the plan reads the file
+    assert diff_inputs(small["inputs"], large["inputs"]) == ["model_files_sha256.preprocessor_config.json"]
+    assert large["inputs"]["model_files_sha256"]["preprocessor_config.json"] == sha256_of(preprocessor)
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_each_model_file_a_plan_reads_is_in_the_fingerprint(tmp_path, name):
+    model = tmp_path / "guard"
+    shutil.copytree(CONFIGS / "models" / "tiny-llama-guard-4", model)  # it has all of them
+    config = write_matrix(tmp_path / "matrix.yaml", [{
+        "name": "guard", "model": "./guard", "engine": {"num_gpu_blocks_override": 64,
+                                                       "limit_mm_per_prompt": {"image": 1}}}],
+        runner="tpu-inference", device="cpu", accelerator="v6e-1")
+    before = cli_fingerprint(config, entry_name("guard"))
+    with open(model / name, "a") as f:
+        f.write("\n")  # the same JSON, other bytes: the fingerprint hashes the file, not a reading of it
+    after = cli_fingerprint(config, entry_name("guard"))
+    assert before["fingerprint"] != after["fingerprint"]
+
+
+OPENED_MODEL_FILES = """
+import json, os, sys
+from pathlib import Path
+
+models, opened = Path(sys.argv[1]).resolve(), set()
+
+
+def record(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes)):
+        path = Path(os.path.realpath(os.fsdecode(args[0])))
+        if models in path.parents:
+            opened.add(path.name)
+
+
+sys.addaudithook(record)
+from aotc.matrix import load_matrix
+from aotc.plan import plan_entries
+
+for config in sys.argv[2:]:
+    plan_entries(load_matrix(config, check_stack=False).entries)
+print(json.dumps(sorted(opened)))
+"""
+
+
+def test_the_fingerprint_hashes_every_model_file_the_plans_open():
+    """Every plan of the repo's matrices, its opens recorded by an audit hook: the files of model dirs it reads
+    are exactly MODEL_FILES, which the fingerprint hashes (a rule reading another file fails here)."""
+    configs = sorted(str(p) for p in CONFIGS.glob("*.yaml"))
+    proc = subprocess.run([sys.executable, "-c", OPENED_MODEL_FILES, str(CONFIGS / "models"), *configs],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == sorted(MODEL_FILES)
+
+
+def hub_matrix(tmp_path, **model) -> str:
+    return write_matrix(tmp_path / "hub.yaml", [{"name": "hub", "model": "org/m", **model}],
+                        engine={"num_gpu_blocks_override": 65})
+
+
+def test_a_hub_model_at_a_branch_is_refused_naming_the_commit_it_names_here(tmp_path):
+    """A pod's vLLM loads whatever `main` names when it starts; no fingerprint can know that commit, so a hub
+    model must be pinned to one. This machine's Hugging Face cache says which commit its ref names."""
+    refs = tmp_path / "hf" / "models--org--m" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text(COMMIT)
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf")}
+    line = one_line_error(run_aotc("fingerprint", hub_matrix(tmp_path), "--entry", entry_name("hub"), env=env), 2)
+    assert "revision: hub model org/m at 'main', not a commit" in line and f"'main' names {COMMIT}" in line
+    pinned = cli_fingerprint(hub_matrix(tmp_path, revision=COMMIT), entry_name("hub"), env=env)
+    assert pinned["inputs"]["revision"] == COMMIT
+
+
+def test_a_hub_draft_at_its_default_branch_is_refused_by_a_pods_fetch(tmp_path):
+    config = write_matrix(tmp_path / "hub.yaml", [{
+        "name": "hub", "model": "org/m", "revision": COMMIT,
+        "engine": {"speculative_config": {"method": "eagle3", "model": "org/draft", "num_speculative_tokens": 2}}}],
+        **JAX_CPU, engine={"num_gpu_blocks_override": 65})
+    proc = run_aotc("fetch", "--config", config, "--entry", entry_name("hub"), "--dest", tmp_path / "dest",
+                    "--store", tmp_path / "store")
+    assert "engine.speculative_config.revision: hub model org/draft at its default branch" in one_line_error(proc, 2)
+
+
+@pytest.mark.parametrize("where", ["engine", "matrix"])
+def test_a_vllm_serve_config_file_is_refused(tmp_path, where):
+    """`--config FILE` is read by the server's parser alone: the build would not apply its arguments and the
+    fingerprint would hash a path. The matrix takes the arguments themselves."""
+    arguments = tmp_path / "serve-args.yaml"
+    arguments.write_text("max_logprobs: 5\n")
+    model = {"name": "m", "model": str(CONFIGS / "models" / "tiny-llama")}
+    if where == "engine":
+        model["engine"] = {"config": str(arguments)}
+    else:
+        model["matrix"] = {"max_model_len": [128], "max_num_seqs": [8], "max_num_batched_tokens": [64],
+                           "config": [str(arguments)]}
+    config = write_matrix(tmp_path / "matrix.yaml", [model], device="cpu", engine={"num_gpu_blocks_override": 65})
+    line = one_line_error(run_aotc("fingerprint", config, "--entry", entry_name("m")), 2)
+    assert f"models['m'].{where}" in line and "a file of vllm serve arguments is read by the server alone" in line

@@ -16,7 +16,6 @@ Not covered: prefill context parallelism, disaggregation, continue-decode, multi
 
 from __future__ import annotations
 
-import json
 
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
@@ -317,10 +316,7 @@ def image_max_patches(entry: Entry, hf_config: dict) -> int | None:
 def processor_max_pixels(entry: Entry) -> int | None:
     """Qwen2VLImageProcessor's pixel bound: size.longest_edge, or max_pixels, from the engine's
     mm_processor_kwargs (vLLM hands them to the processor), else from the model's preprocessor_config.json."""
-    sources = [entry.engine.get("mm_processor_kwargs") or {}]
-    config = entry.readable_config_path
-    if config is not None and (config.parent / "preprocessor_config.json").is_file():
-        sources.append(json.loads((config.parent / "preprocessor_config.json").read_text()))
+    sources = [entry.engine.get("mm_processor_kwargs") or {}, entry.model_json("preprocessor_config.json")]
     for source in sources:
         bound = (source.get("size") or {}).get("longest_edge") or source.get("max_pixels")
         if bound is not None:

@@ -11,7 +11,6 @@ pixels to a patch embedder that takes 3-D patches (ValueError at start-up), so `
 
 from __future__ import annotations
 
-import json
 
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
@@ -47,10 +46,8 @@ def processor_soft_tokens(entry: Entry, hf_config: dict) -> int:
     processor_config.json, else the vision config's default_output_length."""
     kwargs = entry.engine.get("mm_processor_kwargs") or {}
     value = kwargs.get("max_soft_tokens") or (kwargs.get("images_kwargs") or {}).get("max_soft_tokens")
-    config = entry.readable_config_path
-    if value is None and config is not None and (config.parent / "processor_config.json").is_file():
-        processor = json.loads((config.parent / "processor_config.json").read_text())
-        value = (processor.get("image_processor") or {}).get("max_soft_tokens")
+    if value is None:
+        value = (entry.model_json("processor_config.json").get("image_processor") or {}).get("max_soft_tokens")
     if value is None:
         value = hf_config["vision_config"].get("default_output_length", DEFAULT_SOFT_TOKENS)
     return int(value)

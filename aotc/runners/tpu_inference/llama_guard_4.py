@@ -15,7 +15,6 @@ images only, so `check` refuses other shapes.
 
 from __future__ import annotations
 
-import json
 
 from aotc.graphs import GraphSpec
 from aotc.matrix import Entry
@@ -56,9 +55,8 @@ def max_tiles(entry: Entry) -> int:
     """The processor's max_patches: the engine's mm_processor_kwargs (vLLM hands them to the processor), else the
     model's preprocessor_config.json, else transformers' default."""
     value = (entry.engine.get("mm_processor_kwargs") or {}).get("max_patches")
-    config = entry.readable_config_path
-    if value is None and config is not None and (config.parent / "preprocessor_config.json").is_file():
-        value = json.loads((config.parent / "preprocessor_config.json").read_text()).get("max_patches")
+    if value is None:
+        value = entry.model_json("preprocessor_config.json").get("max_patches")
     return int(value if value is not None else DEFAULT_MAX_TILES)
 
 
