@@ -38,6 +38,8 @@ POD_ONLY_ARGS = frozenset({
 OWN_KEYS = frozenset({"model", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                       "dtype", "revision", "seed", "load_format"})
 CHECK_TIMEOUT = 300
+# What runs vllm serve's parser in the runner's interpreter (read, never imported here: it imports vLLM)
+CHECKER = Path(__file__).parent / "runners" / "serve_args.py"
 
 
 def normalize(key: str) -> str:
@@ -106,7 +108,8 @@ def stack_verdicts(python: str, versions: dict[str, Any], engines: Iterable[dict
     if not any(argvs):
         return [None] * len(argvs)
     packages = sorted(packages)
-    key = hashlib.sha256(json.dumps([os.path.realpath(python), versions, argvs, packages], sort_keys=True).encode())
+    key = hashlib.sha256(json.dumps([os.path.realpath(python), versions, argvs, packages, _checker_digest()],
+                                    sort_keys=True).encode())
     cached = _verdict_cache() / f"{key.hexdigest()}.json"
     try:
         return json.loads(cached.read_text())
@@ -136,6 +139,11 @@ def _run_parser(python: str, argvs: list[list[str]], packages: list[str]) -> lis
     if "absent" in answer:
         return [None] * len(argvs)
     return [r["error"] for r in answer["results"]]
+
+
+def _checker_digest() -> str:
+    """The checker's own code is part of a verdict: a fixed checker must not read its predecessor's verdicts."""
+    return hashlib.sha256(CHECKER.read_bytes()).hexdigest()
 
 
 def _verdict_cache() -> Path:

@@ -409,9 +409,15 @@ def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: s
         for (entry, where, swept), verdict in zip(mine, verdicts):
             if verdict:
                 flag = re.search(r"argument (--[a-z0-9-]+)", verdict)
-                key = normalize(flag[1]) if flag else ""
+                key = _flag_key(flag[1], entry.engine) if flag else ""
                 path = f"{where}.{'matrix' if key in swept else 'engine'}" + (f".{key}" if key else "")
                 raise MatrixError(file, path, f"vllm serve ({runner}): {verdict}")
+
+
+def _flag_key(flag: str, engine: dict[str, Any]) -> str:
+    """The engine key a flag spells: ``--no-x`` is ``x: false``."""
+    key = normalize(flag)
+    return key if key in engine else key.removeprefix("no_")
 
 
 def _local_model_dir(model: str, base_dir: Path) -> Path | None:

@@ -156,3 +156,32 @@ def test_a_stacks_arguments_are_not_judged_by_another_stacks_vllm(monkeypatch, t
     assert parse_matrix(ONLY_VLLM_032_KNOWS.format(runner="tpu-inference")).entries
     with pytest.raises(MatrixError, match=r"vllm serve \(vllm-tpu\): .*cudagraph_mm_encoder"):
         parse_matrix(ONLY_VLLM_032_KNOWS.format(runner="vllm-tpu"))
+
+
+ABBREVIATED = """
+models:
+  - name: m
+    model: org/model
+    runner: {runner}
+    engine: {{{key}: {value}}}
+    matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+"""
+
+
+@pytest.mark.parametrize("key, value, full", [
+    ("max_model_le", "4096", "--max-model-len"),
+    ("dtyp", "float32", "--dtype"),
+    ("enable_lor", "true", "--enable-lora"),  # past vllm-tpu's refusal of LoRA
+    ("enable_lor", "false", "--no-enable-lora"),
+    ("speculative_confi", "{method: ngram, num_speculative_tokens: 2}", "--speculative-config"),
+])
+def test_an_abbreviated_engine_argument_is_refused_naming_its_full_name(key, value, full, tmp_path, capsys):
+    """argparse takes a prefix for the whole name; build and fingerprint read exact names only, and the server
+    would get the prefix and apply it (another length, dtype or feature than the artifact's)."""
+    config = tmp_path / "m.yaml"
+    config.write_text(ABBREVIATED.format(runner="vllm-tpu", key=key, value=value))
+    assert main(["plan", str(config)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert f"models['m'].engine.{key}: vllm serve (vllm-tpu): unknown argument" in lines[0]
+    assert f"an abbreviation of {full}" in lines[0]
