@@ -408,7 +408,7 @@ def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: s
                                   load_runner(runner).packages)
         for (entry, where, swept), verdict in zip(mine, verdicts):
             if verdict:
-                flag = re.search(r"argument (--[a-z0-9-]+)", verdict)
+                flag = re.search(r"(--[a-z0-9][a-z0-9-]*)", verdict)  # the first flag it names is the culprit
                 key = _flag_key(flag[1], entry.engine) if flag else ""
                 path = f"{where}.{'matrix' if key in swept else 'engine'}" + (f".{key}" if key else "")
                 raise MatrixError(file, path, f"vllm serve ({runner}): {verdict}")
