@@ -30,6 +30,35 @@ NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
 
 
+class MatrixLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a key one mapping gives twice: YAML keeps the last value silently,
+    so one of two settings would be dropped without a word."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._refuse_duplicate_keys(node, "", set())
+        return super().construct_document(node)
+
+    def _refuse_duplicate_keys(self, node: yaml.Node, path: str, seen: set[int]) -> None:
+        if id(node) in seen:  # an alias: its node is checked once, where it is defined
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self._refuse_duplicate_keys(item, f"{path}[{index}]", seen)
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key, value in node.value:
+                label = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                where = f"{path}.{label}" if path else label
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    name = self.construct_object(key)  # as the mapping will hold it: 1 and 0x1 are one key
+                    if name in first:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {where} (first at line {first[name] + 1})", key.start_mark)
+                    first[name] = key.start_mark.line
+                self._refuse_duplicate_keys(value, where, seen)
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -261,10 +290,12 @@ def entry_name(model_name: str, len_: int, seqs: int, tok: int, tp: int, swept: 
 
 
 def axis_label(values: list[Any], index: int) -> str:
-    """A scalar names itself (``true``, ``fp8``); a mapping or list its 1-based place in the axis."""
+    """A scalar names itself (``true``, ``fp8``, ``-5``); a mapping or list its 1-based place in the axis."""
     value = values[index]
     if isinstance(value, (dict, list)):
         return str(index + 1)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return re.sub(r"[^a-z0-9.-]", "", str(value).lower())  # -5 is not 5: the sign stays (1e+20: 1e20)
     text = json.dumps(value) if isinstance(value, bool) else str(value)
     label = re.sub(r"[^a-z0-9._]+", "_", text.lower()).strip("_")
     return label or str(index + 1)
@@ -286,7 +317,7 @@ def load_matrix(path: str | Path, check_stack: bool = True) -> Matrix:
 
 def parse_matrix(text: str, file: str = "<matrix>", base_dir: Path | None = None, check_stack: bool = True) -> Matrix:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=MatrixLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
@@ -306,17 +337,20 @@ def _first_error(file: str, raw: dict, exc: ValidationError) -> MatrixError:
     loc = list(err["loc"])
     # pydantic reports union branches as extra path parts ('int', 'constrained-int'); drop them
     loc = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "bool", "none"}))]
-    key_path = _key_path(raw, loc)
+    return MatrixError(file, _key_path(raw, loc), _reason(err))
+
+
+def _reason(err: dict[str, Any]) -> str:
+    """One pydantic error in the matrix's words."""
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        reason = "unknown key"
-    elif kind == "missing":
-        reason = "required key is missing"
-    else:
-        reason = msg.removeprefix("Value error, ")
-        if "input" in err and kind not in ("too_short", "value_error"):
-            reason += f" (got {err['input']!r})"
-    return MatrixError(file, key_path, reason)
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    reason = msg.removeprefix("Value error, ")
+    if "input" in err and kind not in ("too_short", "value_error"):
+        reason += f" (got {err['input']!r})"
+    return reason
 
 
 def _key_path(raw: Any, loc: list) -> str:
@@ -375,6 +409,7 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
             raise MatrixError(file, f"{where}.matrix", str(exc)) from None
         for key in swept.keys() & settings["engine"].keys():
             raise MatrixError(file, f"{where}.matrix.{key}", "set both as an axis and under engine:")
+        _check_axis_values(swept, file, where)
         for len_, seqs, tok, tp, *picks in itertools.product(
             axes.max_model_len, axes.max_num_seqs, axes.max_num_batched_tokens, axes.tensor_parallel_size,
             *(range(len(values)) for values in swept.values())
@@ -397,6 +432,16 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
     if check_stack:
         _check_engine_args(entries, file)
     return [entry for entry, *_ in entries]
+
+
+def _check_axis_values(swept: dict[str, list[Any]], file: str, where: str) -> None:
+    """Each value of an engine-argument axis is what ``engine:`` would take: the same types and bounds."""
+    for key, values in swept.items():
+        for index, value in enumerate(values):
+            try:
+                EngineArgs.model_validate({key: value})
+            except ValidationError as exc:
+                raise MatrixError(file, f"{where}.matrix.{key}[{index}]", _reason(exc.errors()[0])) from None
 
 
 def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: str) -> None:
