@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.canary_requests import Planned, RequestLimits, plan_requests
+from aotc.engine_args import lora_module_paths
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
@@ -46,7 +47,7 @@ from aotc.matrix import hf_config
 from aotc.runners.lora import ADAPTER_NAME, write_adapter
 from aotc.runners.traffic import lora_slots
 from aotc.processes import free_port
-from aotc.server import Server, ServerCommand, lora_module_map, serve_command
+from aotc.server import Server, ServerCommand, serve_command
 
 LOADABILITY_REFERENCE = "pytorch/xla#9094"
 # The guard's series on vLLM's /metrics (aotc/guard_metrics.py), e.g. aotc_compiles_after_ready_total{family="cached"} 1.0
@@ -523,7 +524,7 @@ def canary_adapters(entry: Entry, work: Path) -> Adapters:
     random one written for the model (graphs depend on max_loras / max_lora_rank, not on an adapter)."""
     if not lora_slots(entry.engine):
         return Adapters()
-    named = lora_module_map(entry.engine.get("lora_modules"))
+    named = lora_module_paths(entry.engine.get("lora_modules"))
     config_path = entry.model_config_path
     if config_path is None:
         if not named:

@@ -12,7 +12,6 @@ Every argument enters the fingerprint except the pod-only ones below, which chan
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -90,19 +89,59 @@ def with_hf_overrides(config: dict[str, Any] | None, engine: dict[str, Any]) -> 
 
 def cli_flags(args: dict[str, Any]) -> list[str]:
     """vLLM's argparse spelling: ``max_model_len=128`` -> ``--max-model-len 128``; booleans as
-    ``--x`` / ``--no-x``; mappings and lists as JSON."""
+    ``--x`` / ``--no-x``; mappings and lists as JSON; ``lora_modules`` one word per adapter. The stack's check
+    and the stock server both get these words, so what plan accepts is what the server is given."""
     flags: list[str] = []
     for key, value in args.items():
         if value is None:
             continue
         flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
+        if key == LORA_MODULES:
+            words = lora_module_words(value)
+            flags += [flag, *words] if words else []
+        elif isinstance(value, bool):
             flags.append(flag if value else "--no-" + key.replace("_", "-"))
         elif isinstance(value, (dict, list)):
             flags += [flag, json.dumps(value)]
         else:
             flags += [flag, str(value)]
     return flags
+
+
+LORA_MODULES = "lora_modules"
+# vLLM's LoRAModulePath: what one JSON word of --lora-modules holds
+LORA_MODULE_FIELDS = frozenset({"name", "path", "base_model_name"})
+
+
+def lora_module_words(value: Any) -> list[str]:
+    """The matrix's ``lora_modules`` as ``vllm serve --lora-modules`` takes it, one word per adapter
+    (vLLM's LoRAParserAction reads ``name=path`` or a JSON object). The matrix may give a mapping
+    ``{name: path}``, one adapter object ``{name, path, base_model_name}``, one word, or a list of words and
+    objects. Words pass as written: the stack's parser judges them."""
+    if not value:
+        return []
+    if isinstance(value, dict) and not _is_lora_module(value):
+        return [f"{name}={path}" for name, path in value.items()]
+    items = value if isinstance(value, list) else [value]
+    return [json.dumps(item) if isinstance(item, dict) else str(item) for item in items]
+
+
+def lora_module_paths(value: Any) -> dict[str, str]:
+    """name -> adapter path of the matrix's ``lora_modules`` (a matrix the stack's parser accepted), read from
+    each word as vLLM's LoRAParserAction reads it."""
+    paths = {}
+    for word in lora_module_words(value):
+        if "=" in word and "," not in word:
+            name, _, path = word.partition("=")
+        else:
+            module = json.loads(word)
+            name, path = module["name"], module["path"]
+        paths[name] = path
+    return paths
+
+
+def _is_lora_module(mapping: dict) -> bool:
+    return {"name", "path"} <= mapping.keys() <= LORA_MODULE_FIELDS
 
 
 def stack_verdicts(python: str, versions: dict[str, Any], engines: Iterable[dict[str, Any]],

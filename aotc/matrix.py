@@ -41,6 +41,35 @@ PositiveInt = Annotated[StrictInt, Field(ge=1)]
 MODEL_FILES = ("config.json", "preprocessor_config.json", "processor_config.json")
 
 
+class MatrixLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a key one mapping gives twice: YAML keeps the last value silently,
+    so one of two settings would be dropped without a word."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._refuse_duplicate_keys(node, "", set())
+        return super().construct_document(node)
+
+    def _refuse_duplicate_keys(self, node: yaml.Node, path: str, seen: set[int]) -> None:
+        if id(node) in seen:  # an alias: its node is checked once, where it is defined
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self._refuse_duplicate_keys(item, f"{path}[{index}]", seen)
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key, value in node.value:
+                label = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                where = f"{path}.{label}" if path else label
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    name = self.construct_object(key)  # as the mapping will hold it: 1 and 0x1 are one key
+                    if name in first:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {where} (first at line {first[name] + 1})", key.start_mark)
+                    first[name] = key.start_mark.line
+                self._refuse_duplicate_keys(value, where, seen)
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -284,10 +313,12 @@ def entry_name(model_name: str, len_: int, seqs: int, tok: int, tp: int, swept: 
 
 
 def axis_label(values: list[Any], index: int) -> str:
-    """A scalar names itself (``true``, ``fp8``); a mapping or list its 1-based place in the axis."""
+    """A scalar names itself (``true``, ``fp8``, ``-5``); a mapping or list its 1-based place in the axis."""
     value = values[index]
     if isinstance(value, (dict, list)):
         return str(index + 1)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return re.sub(r"[^a-z0-9.-]", "", str(value).lower())  # -5 is not 5: the sign stays (1e+20: 1e20)
     text = json.dumps(value) if isinstance(value, bool) else str(value)
     label = re.sub(r"[^a-z0-9._]+", "_", text.lower()).strip("_")
     return label or str(index + 1)
@@ -312,7 +343,7 @@ def load_matrix(path: str | Path, check_stack: bool = True) -> Matrix:
 def parse_matrix(text: str, file: str = "<matrix>", base_dir: Path | None = None, check_stack: bool = True) -> Matrix:
     _check_yaml_nodes(text, file)
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=MatrixLoader)
     except yaml.YAMLError as exc:
         raise _invalid_yaml(file, exc) from None
     if not isinstance(raw, dict):
@@ -398,17 +429,20 @@ def _first_error(file: str, raw: dict, exc: ValidationError) -> MatrixError:
     loc = list(err["loc"])
     # pydantic reports union branches as extra path parts ('int', 'constrained-int'); drop them
     loc = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "bool", "none"}))]
-    key_path = _key_path(raw, loc)
+    return MatrixError(file, _key_path(raw, loc), _reason(err))
+
+
+def _reason(err: dict[str, Any]) -> str:
+    """One pydantic error in the matrix's words."""
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        reason = "unknown key"
-    elif kind == "missing":
-        reason = "required key is missing"
-    else:
-        reason = msg.removeprefix("Value error, ")
-        if "input" in err and kind not in ("too_short", "value_error"):
-            reason += f" (got {err['input']!r})"
-    return MatrixError(file, key_path, reason)
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    reason = msg.removeprefix("Value error, ")
+    if "input" in err and kind not in ("too_short", "value_error"):
+        reason += f" (got {err['input']!r})"
+    return reason
 
 
 def _key_path(raw: Any, loc: list) -> str:
@@ -467,6 +501,7 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
             raise MatrixError(file, f"{where}.matrix", str(exc)) from None
         for key in swept.keys() & settings["engine"].keys():
             raise MatrixError(file, f"{where}.matrix.{key}", "set both as an axis and under engine:")
+        _check_axis_values(swept, file, where)
         for len_, seqs, tok, tp, *picks in itertools.product(
             axes.max_model_len, axes.max_num_seqs, axes.max_num_batched_tokens, axes.tensor_parallel_size,
             *(range(len(values)) for values in swept.values())
@@ -494,6 +529,16 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
     return [entry for entry, *_ in entries]
 
 
+def _check_axis_values(swept: dict[str, list[Any]], file: str, where: str) -> None:
+    """Each value of an engine-argument axis is what ``engine:`` would take: the same types and bounds."""
+    for key, values in swept.items():
+        for index, value in enumerate(values):
+            try:
+                EngineArgs.model_validate({key: value})
+            except ValidationError as exc:
+                raise MatrixError(file, f"{where}.matrix.{key}[{index}]", _reason(exc.errors()[0])) from None
+
+
 def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: str) -> None:
     """Each runner's ``vllm serve`` parser, in its own interpreter, on every entry's ``engine:``; an error
     names the key where the matrix set it (``engine.X`` or, for a swept argument, ``matrix.X``)."""
@@ -503,10 +548,16 @@ def _check_engine_args(entries: list[tuple[Entry, str, frozenset[str]]], file: s
                                   load_runner(runner).packages)
         for (entry, where, swept), verdict in zip(mine, verdicts):
             if verdict:
-                flag = re.search(r"argument (--[a-z0-9-]+)", verdict)
-                key = normalize(flag[1]) if flag else ""
+                flag = re.search(r"(--[a-z0-9][a-z0-9-]*)", verdict)  # the first flag it names is the culprit
+                key = _flag_key(flag[1], entry.engine) if flag else ""
                 path = f"{where}.{'matrix' if key in swept else 'engine'}" + (f".{key}" if key else "")
                 raise MatrixError(file, path, f"vllm serve ({runner}): {verdict}")
+
+
+def _flag_key(flag: str, engine: dict[str, Any]) -> str:
+    """The engine key a flag spells: ``--no-x`` is ``x: false``."""
+    key = normalize(flag)
+    return key if key in engine else key.removeprefix("no_")
 
 
 def _local_model_dir(model: str, base_dir: Path) -> Path | None:

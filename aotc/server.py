@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aotc.engine_args import cli_flags
+from aotc.engine_args import LORA_MODULES, cli_flags, lora_module_words
 from aotc.processes import update_env
 from aotc.matrix import Entry
 
@@ -91,35 +91,12 @@ def serve_command(entry: Entry, cache_dir: str | Path, port: int, *, host: str =
     args, env = serve_settings(entry, str(cache_dir), kv_blocks)
     if guard is not None:
         env["AOTC_GUARD"] = guard
-    modules = {**lora_module_map(args.pop(LORA_MODULES_ARG, None)), **(lora_modules or {})}
+    served = [f"{name}={path}" for name, path in (lora_modules or {}).items()]
+    args[LORA_MODULES] = [*lora_module_words(args.get(LORA_MODULES)), *served]
     flags = cli_flags({key: value for key, value in args.items() if key != MODEL_ARG})
-    if modules:
-        flags += ["--lora-modules", *(f"{name}={path}" for name, path in modules.items())]
     argv = [vllm_executable(entry.runner, environ), "serve", str(args[MODEL_ARG]), *flags,
             "--host", host, "--port", str(port)]
     return ServerCommand(argv=argv, env=env, host=host, port=port)
-
-
-LORA_MODULES_ARG = "lora_modules"
-
-
-def lora_module_map(value: Any) -> dict[str, str]:
-    """The matrix's ``lora_modules`` as name -> path: a mapping, or a list of what ``vllm serve
-    --lora-modules`` takes (``name=path`` strings, or ``{"name": ..., "path": ...}`` objects). The flag takes
-    one word per adapter, which a JSON list (cli_flags' spelling of a list) is not."""
-    if not value:
-        return {}
-    if isinstance(value, Mapping):
-        return {str(k): str(v) for k, v in value.items()}
-    items = [value] if isinstance(value, str) else value
-    modules = {}
-    for item in items:
-        if isinstance(item, Mapping):
-            modules[str(item["name"])] = str(item["path"])
-        else:
-            name, _, path = str(item).partition("=")
-            modules[name] = path
-    return modules
 
 
 # --- a running server ------------------------------------------------------------------------------

@@ -102,16 +102,36 @@ def option_words(argv: list[str], flag: str) -> list[str]:
     return argv[start:end]
 
 
-@pytest.mark.needs_jax
-@pytest.mark.parametrize("named", [["a=/x", "b=/y"], {"a": "/x", "b": "/y"},
-                                   [{"name": "a", "path": "/x"}, {"name": "b", "path": "/y"}]])
-def test_stock_server_names_each_adapter_as_one_word(named):
-    e = entry(engine={**LORA, "lora_modules": named})
+LORA_MODULES_MATRIX = """
+models:
+  - {{name: m, model: {model}, device: cpu, engine: {{lora_modules: {named}}},
+     matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}}}
+"""
+
+
+@pytest.mark.parametrize("named, adapters", [
+    ("{a: /x, b: /y}", [("a", "/x"), ("b", "/y")]),
+    ('["a=/x", "b=/y"]', [("a", "/x"), ("b", "/y")]),
+    ("[{name: a, path: /x}, {name: b, path: /y, base_model_name: m}]", [("a", "/x"), ("b", "/y")]),
+    ("{name: a, path: /x}", [("a", "/x")]),
+    ("a=/x", [("a", "/x")]),
+])
+def test_every_lora_modules_form_vllm_documents_plans_and_serves_as_vllm_reads_it(named, adapters, tmp_path):
+    """The check (vllm-tpu's vLLM 0.13 parser; no enable_lora, which vllm-tpu refuses) and the stock server get
+    the same words, one per adapter; the canary's own adapter is served besides the matrix's."""
+    from aotc.runners.serve_args import serve_parser
+
+    config = tmp_path / "m.yaml"
+    config.write_text(LORA_MODULES_MATRIX.format(model=TINY_LLAMA, named=named))
+    result = run_aotc("plan", config)
+    assert result.returncode == 0, result.stderr
+    e = parse_matrix(config.read_text(), check_stack=False).entries[0]
     cmd = serve_command(e, "/cache", 8000, environ={}, lora_modules={"c": "/z"})
-    assert option_words(cmd.argv, "--lora-modules") == ["a=/x", "b=/y", "c=/z"]
-    assert "--enable-lora" in cmd.argv and option_words(cmd.argv, "--max-loras") == ["2"]
+    words = option_words(cmd.argv, "--lora-modules")
+    served = serve_parser().parse_known_args(["model", "--lora-modules", *words])[0].lora_modules
+    assert [(m.name, m.path) for m in served] == [*adapters, ("c", "/z")]
     # pod-only: which adapters a server names changes no fingerprint
-    assert fingerprint_inputs(e, {}) == fingerprint_inputs(entry(engine=LORA), {})
+    assert fingerprint_inputs(e, {}) == fingerprint_inputs(replace(e, engine={}), {})
 
 
 def test_vllm_tpu_lora_refusal_is_vllm_0_13s_own_breakage():

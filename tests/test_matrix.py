@@ -169,6 +169,16 @@ models:
 """
 
 
+ABBREVIATED = """
+models:
+  - name: m
+    model: org/model
+    runner: {runner}
+    engine: {{{key}: {value}}}
+    matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+"""
+
+
 def test_a_kept_engine_argument_verdict_is_checked_before_it_is_trusted(tmp_path):
     """`aotc plan` keeps vllm serve's verdicts under $AOTC_HOME/engine-args; one that is not a verdict per
     engine (``[]``, a number) is discarded and the parser asked again: the refused argument stays refused."""
@@ -199,3 +209,63 @@ def test_a_kept_answer_is_keyed_by_aotcs_version_and_the_checkers_source(tmp_pat
     checker.write_text("v1")
     monkeypatch.setattr(aotc, "__version__", "999.0")
     assert answer_path(tmp_path, {"q": 1}, checker) != first
+
+
+@pytest.mark.parametrize("key, value, full", [
+    ("max_model_le", "4096", "--max-model-len"),
+    ("dtyp", "float32", "--dtype"),
+    ("enable_lor", "true", "--enable-lora"),  # past vllm-tpu's refusal of LoRA
+    ("enable_lor", "false", "--no-enable-lora"),
+    ("speculative_confi", "{method: ngram, num_speculative_tokens: 2}", "--speculative-config"),
+])
+def test_an_abbreviated_engine_argument_is_refused_naming_its_full_name(key, value, full, tmp_path, capsys):
+    """argparse takes a prefix for the whole name; build and fingerprint read exact names only, and the server
+    would get the prefix and apply it (another length, dtype or feature than the artifact's)."""
+    config = tmp_path / "m.yaml"
+    config.write_text(ABBREVIATED.format(runner="vllm-tpu", key=key, value=value))
+    assert main(["plan", str(config)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert f"models['m'].engine.{key}: vllm serve (vllm-tpu): unknown argument" in lines[0]
+    assert f"an abbreviation of {full}" in lines[0]
+
+
+AXIS = """
+models:
+  - name: m
+    model: org/model
+    matrix: {{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64], {key}: {values}}}
+"""
+
+
+@pytest.mark.parametrize("key, values, index", [
+    ("num_gpu_blocks_override", "[-5]", 0),
+    ("block_size", "[16, 0]", 1),
+    ("max_loras", "[2, 1.5]", 1),
+    ("enable_prefix_caching", "[true, 1]", 1),
+])
+def test_an_engine_argument_axis_value_gets_the_checks_engine_gives_it(key, values, index):
+    with pytest.raises(MatrixError) as as_engine:
+        parse_matrix(f"models: [{{name: m, model: org/model, engine: {{{key}: {yaml.safe_load(values)[index]!r}}}, "
+                     "matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}]",
+                     check_stack=False)
+    with pytest.raises(MatrixError) as as_axis:
+        parse_matrix(AXIS.format(key=key, values=values), check_stack=False)
+    assert as_axis.value.key_path == f"models['m'].matrix.{key}[{index}]"
+    assert as_axis.value.reason == as_engine.value.reason
+
+
+def test_an_axis_label_keeps_a_numbers_sign():
+    # the stack's parser is not the point here (check_stack=False): two values differing by sign are two names
+    entries = parse_matrix(AXIS.format(key="num_lookahead_slots", values="[-1, 1, 0.5]"), check_stack=False).entries
+    assert [e.name.rpartition("-num_lookahead_slots.")[2] for e in entries] == ["-1", "1", "0.5"]
+
+
+def test_a_key_given_twice_is_refused_with_its_path_and_line(tmp_path, capsys):
+    config = tmp_path / "m.yaml"
+    config.write_text("models:\n  - name: m\n    model: org/model\n    matrix:\n      max_model_len: [128]\n"
+                      "      max_num_seqs: [8]\n      max_num_batched_tokens: [64]\n      max_num_seqs: [16]\n")
+    assert main(["plan", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"aotc: error: {config}: line 8: invalid YAML: duplicate key models[0].matrix.max_num_seqs "
+                   "(first at line 6)")

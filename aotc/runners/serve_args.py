@@ -34,7 +34,10 @@ def serve_parser():
             module = importlib.import_module(name)
         except ImportError:
             continue
-        parser = module.make_arg_parser(FlexibleArgumentParser(prog="vllm serve", exit_on_error=False))
+        # allow_abbrev off: argparse would take `--max-model-le` for --max-model-len here, where aotc's own
+        # readers (build, fingerprint, the runner's rules) know exact names only, and pass it to the server
+        parser = module.make_arg_parser(FlexibleArgumentParser(prog="vllm serve", exit_on_error=False,
+                                                               allow_abbrev=False))
         parser.error = _raise  # argparse would print usage and exit the process
         return parser
     raise ImportError(f"no vllm serve parser in {', '.join(PARSER_MODULES)}")
@@ -44,10 +47,21 @@ def _raise(message: str):
     raise ParseError(message)
 
 
-def closest_flag(parser: argparse.ArgumentParser, unknown: str) -> str | None:
-    options = [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
-    match = difflib.get_close_matches(unknown.split("=", 1)[0], options, n=1, cutoff=0.6)
-    return match[0] if match else None
+def long_options(parser: argparse.ArgumentParser) -> list[str]:
+    return [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
+
+
+def unknown_flag(parser: argparse.ArgumentParser, flag: str) -> str:
+    """The complaint for a flag the parser does not know: the full names it abbreviates (argparse's own
+    abbreviation matching is off), else the closest name."""
+    name = flag.split("=", 1)[0]
+    options = long_options(parser)
+    expansions = [opt for opt in options if opt.startswith(name)]
+    if expansions:
+        return (f"unknown argument {name}: an abbreviation of {' or '.join(expansions[:5])}; "
+                "engine arguments take exact names only")
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    return f"unknown argument {name}" + (f" (did you mean {match[0]}?)" if match else "")
 
 
 def check(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
@@ -59,8 +73,7 @@ def check(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
         return " ".join(str(exc).split())
     flags = [word for word in unknown if word.startswith("-")]
     if flags:
-        hint = closest_flag(parser, flags[0])
-        return f"unknown argument {flags[0]}" + (f" (did you mean {hint}?)" if hint else "")
+        return unknown_flag(parser, flags[0])
     if unknown:
         after = argv[argv.index(unknown[0]) - 1]
         return f"argument {after}: takes no value, got {unknown[0]!r}"
