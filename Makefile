@@ -36,7 +36,7 @@ help:
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
 	@echo "make test-fast     the fast tests on the core venv alone (no slow end-to-end tests, no JAX venv needed)"
-	@echo "make bench         benchmarks (store fetch and publish, build overhead and --jobs scaling, stock-server start-up cold vs fetched)"
+	@echo "make bench         benchmarks (store fetch and publish, build overhead and --jobs scaling, stock-server start-up cold vs fetched, TPU target vs twin)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
 	@echo "make images        docker build the two images configs/k8s names (make -n images prints the commands)"
 	@echo "make pin-images    after push-images: write the pushed images' digests into configs/k8s"
@@ -99,6 +99,7 @@ bench: env env-jax
 	$(BIN)/python bench/bench_publish.py
 	$(BIN)/python bench/bench_build.py --jobs-scaling
 	$(BIN)/python bench/bench_startup.py
+	$(BIN)/python bench/bench_tpu_target.py
 
 lock:
 	$(UV) pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_31 --generate-hashes -q -o requirements/core.lock

@@ -64,13 +64,15 @@ class GraphRecord:
                    compiled={str(k): int(v) for k, v in (data.get("compiled") or {}).items()})
 
 
+VERIFY_UNPROVEN = "verify_unproven"
+
+
 @dataclass(frozen=True)
 class VerifySummary:
     misses: int = 0
     replayed_graphs: int = 0
     traffic_requests: int = 0
     loadable: bool = False
-    unproven: str | None = None  # why the host that verified could not show a load (VerifyResult.unproven)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,12 @@ class Manifest:
     verify: VerifySummary | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verify_unproven(self) -> str | None:
+        """Why the host that verified could not show a load at all (a top-level key: readers of the four
+        ``verify`` keys stay as they are)."""
+        return self.extra.get(VERIFY_UNPROVEN)
 
     @property
     def total_size(self) -> int:

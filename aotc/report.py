@@ -142,7 +142,7 @@ def _family_order(entries: tuple[EntryView, ...]) -> tuple[str, ...]:
     return (*order, *(f for f in (STARTUP, RUNTIME) if any(f in e.cells for e in entries)))
 
 
-def verdict(summary: VerifySummary | None) -> tuple[str, str]:
+def verdict(summary: VerifySummary | None, unproven: str | None = None) -> tuple[str, str]:
     """(css state, words) for one recorded verify summary, in verify's own terms."""
     if summary is None:
         return "none", "not verified"
@@ -150,8 +150,8 @@ def verdict(summary: VerifySummary | None) -> tuple[str, str]:
         return "missing", f"NOT COVERED: {summary.misses} miss(es)"
     if summary.loadable:
         return "compiled", "covered and loadable"
-    if summary.unproven:
-        return "extra", f"covered, loadability unproven ({summary.unproven})"
+    if unproven:
+        return "extra", f"covered, loadability unproven ({unproven})"
     return "extra", "covered, not loadable (a server still compiles)"
 
 
@@ -160,7 +160,8 @@ def backend_verdicts(entries: tuple[EntryView, ...]) -> list[tuple[str, int, str
     rank = {"missing": 0, "none": 1, "extra": 2, "compiled": 3}
     backends: dict[str, list[tuple[str, str]]] = {}
     for e in entries:
-        backends.setdefault(f"{e.manifest.runner} on {e.manifest.device}", []).append(verdict(e.manifest.verify))
+        backends.setdefault(f"{e.manifest.runner} on {e.manifest.device}", []).append(
+            verdict(e.manifest.verify, e.manifest.verify_unproven))
     return [(name, len(v), *min(v, key=lambda sv: rank[sv[0]])) for name, v in sorted(backends.items())]
 
 
@@ -386,7 +387,7 @@ def _verify(data: BuildData) -> Safe:
     keys = [f.name for f in fields(VerifySummary)]
     rows = []
     for e in data.entries:
-        state, words = verdict(e.manifest.verify)
+        state, words = verdict(e.manifest.verify, e.manifest.verify_unproven)
         values = [getattr(e.manifest.verify, k) for k in keys] if e.manifest.verify else ["—"] * len(keys)
         rows.append([e.name, f"{e.manifest.runner} on {e.manifest.device}", *values,
                      el("span", words, class_=state)])

@@ -16,7 +16,7 @@ from typing import Any
 
 from aotc.build import RunnerFailed, run_runner
 from aotc.errors import BadInput, CheckFailed
-from aotc.manifest import CACHE_DIR_NAME, Manifest, VerifySummary
+from aotc.manifest import CACHE_DIR_NAME, VERIFY_UNPROVEN, Manifest, VerifySummary
 from aotc.matrix import Entry
 from aotc.plan import plan_entry
 from aotc.runners.protocol import FamilyRow
@@ -61,13 +61,14 @@ class VerifyReport:
 
     def summary(self) -> VerifySummary:
         return VerifySummary(misses=self.misses, replayed_graphs=self.replayed_graphs,
-                             traffic_requests=self.traffic_requests, loadable=self.loadable, unproven=self.unproven)
+                             traffic_requests=self.traffic_requests, loadable=self.loadable)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "verdict": self.verdict, "artifact_dir": self.artifact_dir, "entry": self.entry,
                 "fingerprint": self.fingerprint, "misses": self.misses, "missed": list(self.missed),
                 "replayed_graphs": self.replayed_graphs, "traffic_requests": self.traffic_requests,
-                "loadable": self.loadable, "unproven": self.unproven, "seed": self.seed, "evidence": self.evidence, "problem": self.problem,
+                "loadable": self.loadable, "unproven": self.unproven, "seed": self.seed, "evidence": self.evidence,
+                "problem": self.problem,
                 "families": {k: v.model_dump() for k, v in self.families.items()}, "warnings": list(self.warnings)}
 
 
@@ -93,7 +94,10 @@ def verify_artifact(artifact_dir: str | Path, traffic: int = 64, seed: int = 1, 
             raise CheckFailed(f"{manifest.entry}: verify could not run: {raw.error}")
     result = _result(artifact, manifest, raw, seed)
     if record:
-        replace(manifest, verify=result.summary()).save(artifact)
+        extra = {k: v for k, v in manifest.extra.items() if k != VERIFY_UNPROVEN}
+        if result.unproven:
+            extra[VERIFY_UNPROVEN] = result.unproven
+        replace(manifest, verify=result.summary(), extra=extra).save(artifact)
     return result
 
 

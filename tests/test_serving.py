@@ -223,10 +223,25 @@ def test_ci_verifies_before_it_publishes_and_outputs_the_uris():
     assert not any(s.get("continue-on-error") or "always()" in str(s.get("if", "")) for s in verify_to_publish)
 
 
-def test_ci_runs_every_action_at_a_pinned_commit():
-    [workflow] = docs("ci/github-actions.yaml")
+@pytest.mark.parametrize("recipe", ["ci/github-actions.yaml", "ci/github-actions-tpu-from-cpu.yaml"])
+def test_ci_runs_every_action_at_a_pinned_commit(recipe):
+    [workflow] = docs(recipe)
     uses = [step["uses"] for job in workflow["jobs"].values() for step in job["steps"] if "uses" in step]
     assert uses and all(re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", action) for action in uses)
+
+
+def test_the_cpu_runner_recipe_builds_tpu_targets_and_verifies_before_it_publishes():
+    """A GitHub-hosted CPU runner: its matrix is TPU entries of the runner that compiles for a TPU without one."""
+    [workflow] = docs("ci/github-actions-tpu-from-cpu.yaml")
+    [job] = workflow["jobs"].values()
+    assert "self-hosted" not in str(job["runs-on"])
+    matrix = load_matrix(REPO / job["env"]["MATRIX"], check_stack=False)
+    assert matrix.entries and all(e.device == "tpu" and e.backend.tpu_targets_on_cpu_host for e in matrix.entries)
+    runs = [s.get("run", "") for s in job["steps"]]
+    order = [next(i for i, run in enumerate(runs) if f"aotc {word}" in run) for word in ("build", "verify", "publish")]
+    assert order == sorted(order) and "make env env-jax" in runs[next(i for i, r in enumerate(runs) if "make env" in r)]
+    between = job["steps"][order[1]:order[2] + 1]
+    assert not any(s.get("continue-on-error") or "always()" in str(s.get("if", "")) for s in between)
 
 
 # --- fetch --optional: the init container's exit-code policy ---------------------------------------

@@ -61,6 +61,12 @@ def test_a_multi_host_slice_is_refused_with_its_reason(facts):
     assert "v6e-16: a 4-host slice (v6e:4x4)" in facts["multi_host_refusal"]
 
 
+def test_a_call_on_abstract_arrays_compiles_under_the_key_of_the_stacks_own_lowering(facts):
+    """The stack's RPA kernel on the v6e-1 topology: a jitted call on abstract arrays (a compile-only build's path for
+    the warm-up's calls) and jax.jit(...).lower(...).compile() (the stack's AOT path) write one same cache key."""
+    assert facts["call_keys"] and facts["call_keys"] == facts["lowered_keys"]
+
+
 def test_the_twin_and_a_tpu_target_never_share_a_process(facts):
     """A TPU graph must never hold one of the twin's stand-ins: each refuses where the other is on."""
     assert "CPU twin" in facts["twin_flag_refusal"]
@@ -143,7 +149,8 @@ def test_a_fresh_process_finds_every_key_and_says_the_load_is_unproven(jax_env, 
     assert result["misses"] == 0 and result["loadable"] is False
     assert result["verdict"].startswith("covered, loadability unproven") and "v6e:1x1" in result["unproven"]
     assert result["families"]["backbone"]["found"] == PLAN.families()["backbone"]
-    assert json.loads((artifact / "manifest.json").read_text())["verify"]["unproven"] == result["unproven"]
+    recorded = json.loads((artifact / "manifest.json").read_text())
+    assert recorded["verify_unproven"] == result["unproven"] and recorded["verify"]["loadable"] is False
 
 
 @pytest.mark.slow

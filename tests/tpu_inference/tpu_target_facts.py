@@ -61,6 +61,51 @@ def cpu_entry_has_host_code() -> bool:
         return any(ELF_MAGIC in decoded(p) for p in Path(cache).glob("*-cache"))
 
 
+def keys_of_a_call_and_of_the_stacks_lowering() -> tuple[list[str], list[str]]:
+    """The stack's RPA kernel under jit on the v6e-1 topology, twice: called on abstract arrays (what a compile-only
+    build does with a call the stack makes) and lowered by hand with jax.jit(...).lower(...).compile() (the stack's
+    own AOT path, CompilationManager._run_compilation). The persistent cache's file names are the keys."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax._src import compilation_cache
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from tpu_inference.kernels.ragged_paged_attention.v3.kernel import get_kv_cache_shape
+    from tpu_inference.layers.common.attention_interface import sharded_ragged_paged_attention
+    from tpu_inference.layers.common.sharding import ShardingAxisName as Axis
+
+    axes = ("data", "attn_dp", "attn_dp_expert", "expert", "model")
+    mesh = Mesh(np.array(jax.devices()).reshape(1, 1, 1, 1, 1), axes)
+    tokens, heads, kv_heads, dim, seqs = 64, 8, 4, 128, 8
+    qkv, batch = PartitionSpec(Axis.ATTN_DATA, Axis.ATTN_HEAD, None), PartitionSpec(Axis.ATTN_DATA)
+    shapes = [((tokens, heads, dim), jnp.bfloat16, qkv), ((tokens, kv_heads, dim), jnp.bfloat16, qkv),
+              ((tokens, kv_heads, dim), jnp.bfloat16, qkv),
+              (get_kv_cache_shape(64, 16, kv_heads, dim, jnp.bfloat16), jnp.bfloat16,
+               PartitionSpec(Axis.ATTN_DATA, None, Axis.ATTN_HEAD, None, None)),
+              ((seqs,), jnp.int32, batch), ((seqs * 8,), jnp.int32, batch), ((seqs + 1,), jnp.int32, batch),
+              ((3,), jnp.int32, batch)]
+
+    def attention(*args):
+        return sharded_ragged_paged_attention(mesh, *args, None, sm_scale=0.1)
+
+    keys = []
+    for way in ("call", "lower"):
+        cache = tempfile.mkdtemp()
+        compilation_cache.reset_cache()
+        jax.clear_caches()
+        jax.config.update("jax_compilation_cache_dir", cache)
+        with jax.set_mesh(mesh):
+            if way == "call":  # device_put to the topology gives abstract arrays; the jitted call compiles
+                args = [jax.device_put(np.zeros(shape, dtype), NamedSharding(mesh, spec))
+                        for shape, dtype, spec in shapes]
+                jax.jit(attention)(*args)
+            else:
+                args = [jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+                        for shape, dtype, spec in shapes]
+                jax.jit(attention).lower(*args).compile()
+        keys.append(sorted(p.name for p in Path(cache).glob("*-cache")))
+    return keys[0], keys[1]
+
+
 def refusal(action) -> str | None:
     try:
         action()
@@ -95,4 +140,5 @@ del os.environ["AOTC_JAX_CPU_TWIN"]
 compile_only.install(compile_only_devices(v6e))
 facts["platform_version"] = jax.devices()[0].client.platform_version
 facts["twin_after_target_refusal"] = refusal(twin.install)
+facts["call_keys"], facts["lowered_keys"] = keys_of_a_call_and_of_the_stacks_lowering()
 print(json.dumps(facts))

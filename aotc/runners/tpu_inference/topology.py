@@ -74,8 +74,8 @@ def topology_for(accelerator: str) -> Topology:
     count = int(match[2])
     chips, remainder = divmod(count, generation.cores_per_chip_in_name)
     if remainder or chips < 1 or chips & (chips - 1):
-        raise ValueError(f"accelerator {accelerator!r}: {count} is not a {match[1]} slice size "
-                         f"(a power of two{' of TensorCores, 2 a chip' if generation.cores_per_chip_in_name > 1 else ''})")
+        counted = " of TensorCores, 2 a chip" if generation.cores_per_chip_in_name > 1 else ""
+        raise ValueError(f"accelerator {accelerator!r}: {count} is not a {match[1]} slice size (a power of two{counted})")
     shape = torus_shape(chips, generation.dims)
     per_host = host_shape(chips, generation)
     name = f"{generation.libtpu_name}:{'x'.join(map(str, shape))}"
