@@ -25,8 +25,8 @@ DEMO ?= configs/demo.yaml configs/demo-jax.yaml
 # the slowest tests' times in every run's log (CI's too): where the suite's minutes go, measured where it ran
 PYTEST_ARGS ?= --durations=25
 # pytest-xdist workers; each test module stays on one worker (--dist loadscope), so a module's shared build is
-# built once. Most of the suite is one process waiting on another (an engine, a server): two workers on two
-# cores take 29 min where one took 46 (measured on the 2-core machine). 0: one process.
+# built once. Most of the suite is one process waiting on another (an engine, a server), so two workers keep two
+# cores busy. 0: one process. How long the suite takes: docs/testing.md.
 TEST_WORKERS ?= 2
 
 .PHONY: env env-jax build-cache test test-fast bench lock images push-images pin-images clean help

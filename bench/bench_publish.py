@@ -33,7 +33,7 @@ from aotc.testing.artifacts import make_artifact, random_files  # noqa: E402
 
 
 def demo_files() -> dict[str, bytes]:
-    """19 files of 16-120 KiB: the torch_xla demo's cache (README: 19 cache files, 1.3 MB)."""
+    """19 files of 16-120 KiB: the torch_xla demo's cache (docs/backends/vllm-tpu.md: 19 cache files, 1.3 MB)."""
     return random_files(19, seed=1, low=16 << 10, high=120 << 10)
 
 

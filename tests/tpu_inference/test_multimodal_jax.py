@@ -389,7 +389,7 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 
 # Qwen3-VL and its MoE serve images through the same tower, budget manager and serving fixes: the suite's time buys
 # the stock server for the MoE (a budget's images, the MoE text model); Qwen3-VL's own canary (two images sharing
-# a budget) was measured by hand (README), its build and verify run above.
+# a budget) was measured outside the suite (docs/support.md), its build and verify run above.
 CANARY_ENTRIES = [entry for entry in EVERY_ENTRY if entry is not QWEN3_VL]
 
 

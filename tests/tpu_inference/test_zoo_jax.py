@@ -137,7 +137,7 @@ except model_loader.UnsupportedArchitectureError:
     pass
 print(json.dumps({name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in model_loader._MODEL_REGISTRY.items()}))
 """
-# tpu-inference's JAX architectures the twins do not build yet, each with the reason (README: the support table).
+# tpu-inference's JAX architectures the twins do not build yet, each with the reason (docs/support.md).
 NOT_YET: dict[str, str] = {}
 # The matrices whose entries build on the twin in the suite (zoo, demo, features, multimodal).
 BUILT_MATRICES = ("zoo-jax.yaml", "demo-jax.yaml", "features-jax.yaml", "multimodal-jax.yaml")
@@ -170,7 +170,7 @@ def built_architectures() -> set[str]:
 
 def test_every_jax_architecture_of_the_stack_is_built_or_named_not_yet(jax_env):
     """The zoo keeps up with tpu-inference's JAX registry: an architecture the stack adds, or one a matrix starts
-    building, fails this until the list above (and the README's table) says so."""
+    building, fails this until the list above (and docs/support.md's table) says so."""
     import subprocess
 
     proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", REGISTRY], capture_output=True, text=True,
