@@ -165,3 +165,14 @@ def test_an_entry_over_the_chips_hbm_fails_the_build_naming_the_graph(jax_env, t
     assert proc.returncode == 1, proc.stderr[-3000:]
     error = json.loads(proc.stdout)["entries"][0]["error"]
     assert error.startswith("GraphCompileFailed: backbone {") and "Ran out of memory on HBM" in error, error
+
+
+@pytest.mark.slow
+def test_a_model_on_the_torchax_path_is_refused_with_its_reason(jax_env, tmp_path):
+    """Qwen3-MoE is served through vLLM's PyTorch model (torchax), which a host without a TPU cannot build yet: the
+    stack's KV sizing, the first thing that loads the model, stops with one line saying so (exit 2)."""
+    config = tmp_path / "moe.yaml"
+    config.write_text(DEMO.read_text().replace("./models/tiny-llama", str(REPO / "configs" / "models" / "tiny-qwen3-moe")))
+    proc = aotc(jax_env, "fingerprint", config, "--entry", ENTRY)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "TorchaxPathUnsupported" in proc.stderr and "does not build on a host without a TPU yet" in proc.stderr

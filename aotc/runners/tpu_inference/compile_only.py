@@ -78,6 +78,7 @@ def install(devices: list[Any]) -> None:
 
     pxla.MeshComputation.compile = compile_and_report
     _account_hbm_by_held_arrays()
+    _refuse_the_torchax_path()
 
 
 def _list_target_devices(jax) -> None:
@@ -189,6 +190,25 @@ def _account_hbm_by_held_arrays() -> None:
         return [(held_bytes(device), limit) for device in devices]
 
     utils.hbm_usage_bytes = hbm_usage_bytes
+
+
+class TorchaxPathUnsupported(RuntimeError):
+    """vLLM's PyTorch model through torchax keeps its weights as torch tensors over JAX arrays and calls torch on
+    them while it loads: abstract arrays have no such methods (measured: Qwen2.5-7B with MODEL_IMPL_TYPE=vllm
+    stopped at ``'AbstractArray' object has no attribute 'detach'``)."""
+
+
+def _refuse_the_torchax_path() -> None:
+    from tpu_inference.models.common import model_loader
+
+    def refuse(vllm_config, *args, **kwargs):
+        architectures = getattr(vllm_config.model_config.hf_config, "architectures", None)
+        raise TorchaxPathUnsupported(
+            f"{architectures}: vLLM's PyTorch model through torchax (MODEL_IMPL_TYPE=vllm, or an architecture outside "
+            "tpu-inference's JAX registry) does not build on a host without a TPU yet; JAX-native models do "
+            "(MODEL_IMPL_TYPE=flax_nnx). Build this entry on a TPU host of its accelerator type")
+
+    model_loader.get_vllm_model = refuse
 
 
 def memory_figures(executable: Any) -> dict[str, int]:
