@@ -185,13 +185,28 @@ def patch_engine_args(module: Any) -> None:
 
 
 def given_engine_args(args: Any) -> dict[str, Any]:
-    """The fields of an EngineArgs that differ from vLLM's defaults, as JSON values."""
+    """The fields of an EngineArgs that differ from vLLM's defaults, as JSON values. vLLM has two sets of
+    defaults, the dataclass's (``LLM(...)``) and ``vllm serve``'s parser's (e.g. vLLM 0.32's
+    ``mm_device_do_normalize``: True and None): a value is given only when it differs from both, so an engine
+    and the manifest's arguments compare alike whichever way each was made."""
+    cli = _cli_defaults()
     given = {}
     for field in dataclasses.fields(args):
         value = _plain(getattr(args, field.name))
-        if value != _plain(_default(field)):
+        if value != _plain(_default(field)) and value != cli.get(field.name, _UNSET):
             given[field.name] = value
     return given
+
+
+@functools.cache
+def _cli_defaults() -> dict[str, Any]:
+    """``vllm serve``'s defaults, from its own parser (aotc/runners/serve_args.py); {} where it cannot load."""
+    try:
+        from aotc.runners.serve_args import serve_parser
+
+        return {key: _plain(value) for key, value in vars(serve_parser().parse_args([])).items()}
+    except Exception:  # a report never stops a server: then the dataclass's defaults alone count
+        return {}
 
 
 def recorded_engine_args(environ: Mapping[str, str]) -> dict[str, Any] | None:
@@ -218,7 +233,7 @@ def running_engine_args(record: dict[str, Any] | None, published: dict[str, Any]
     fields = {field.name for field in dataclasses.fields(cls)}
     ours = {key: value for key, value in published.items() if key not in fields}
     theirs = _published_as_given(cls, {key: value for key, value in published.items() if key in fields}, model)
-    given = record["given"]
+    given = {key: value for key, value in record["given"].items() if not _aotc_engine_arg(key, value)}
     compared = (given.keys() | theirs.keys() | published.keys() & fields) - OWN_KEYS - {OVERRIDE}
     for key in sorted(compared):
         if given.get(key, _UNSET) == theirs.get(key, _UNSET):
@@ -230,6 +245,13 @@ def running_engine_args(record: dict[str, Any] | None, published: dict[str, Any]
 
 
 _UNSET = object()
+
+
+def _aotc_engine_arg(key: str, value: Any) -> bool:
+    """An argument aotc's own engines add beyond the matrix's: an in-process LLM's token-id input, the CPU twin's
+    worker (aotc/runners/engine_common.py, the runners' engine.py). The build's graphs are made with them and
+    the fingerprint hashes neither (the twin's worker follows from ``device``), so neither is a difference."""
+    return key == "skip_tokenizer_init" or key == "worker_cls" and str(value).startswith("aotc.runners.")
 
 
 def _published_as_given(cls: Any, published: dict[str, Any], model: str) -> dict[str, Any]:
@@ -256,7 +278,8 @@ def _default(field: dataclasses.Field) -> Any:
 
 def _plain(value: Any) -> Any:
     """A JSON value for an engine argument: config dataclasses as their fields that differ from the type's
-    defaults (what a matrix's mapping says), enums as their values, anything else as its repr."""
+    defaults (what a matrix's mapping says; none: None, as unset), enums as their values, anything else as its
+    repr."""
     if value is None or isinstance(value, (bool, int, float, str)) and not isinstance(value, enum.Enum):
         return value
     if isinstance(value, enum.Enum):
@@ -266,7 +289,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _changed_fields(value)
+        return _changed_fields(value) or None  # a config at its defaults is no setting at all
     return repr(value)
 
 

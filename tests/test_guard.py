@@ -152,6 +152,19 @@ def test_engine_args_count_as_published_only_where_vllm_reads_them_alike():
     assert list(guard.running_entry(vllm_config(entry), manifest, {}, **TWIN).engine) == ["<engine arguments>"]
 
 
+def test_an_engine_from_vllm_serves_parser_is_given_what_an_llm_with_the_same_arguments_is():
+    """vllm serve's parser and EngineArgs' dataclass disagree on some defaults (enable_lora None / False, ...):
+    the same arguments must compare alike whichever way the engine was made."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from aotc.engine_args import cli_flags
+    from aotc.runners.serve_args import serve_parser
+
+    model, engine = demo_entry().model_path, {"block_size": 16, **EXTRAS}
+    served = AsyncEngineArgs.from_cli_args(serve_parser().parse_args(["--model", model, *cli_flags(engine)]))
+    assert guard.given_engine_args(served) == guard.given_engine_args(AsyncEngineArgs(model=model, **engine))
+
+
 # the published artifact's extra engine arguments: the issue's async scheduling and hf_overrides (speculative
 # decoding is refused on vllm-tpu)
 EXTRAS = {"async_scheduling": True, "hf_overrides": {"aotc_note": 1}}
