@@ -31,7 +31,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,8 +177,12 @@ def patch_engine_args(module: Any) -> None:
 
     @functools.wraps(create)
     def create_engine_config(self, *args, **kwargs):
-        os.environ[ENGINE_ARGS_ENV] = json.dumps({"class": f"{type(self).__module__}:{type(self).__qualname__}",
-                                                  "given": given_engine_args(self)})
+        try:
+            os.environ[ENGINE_ARGS_ENV] = json.dumps({"class": f"{type(self).__module__}:{type(self).__qualname__}",
+                                                      "given": given_engine_args(self)})
+        except Exception as exc:  # the guard never stops a server: the check will say nothing was recorded
+            os.environ.pop(ENGINE_ARGS_ENV, None)
+            logger.warning("aotc guard: cannot record the engine's arguments: %s: %s", type(exc).__name__, exc)
         return create(self, *args, **kwargs)
 
     cls.create_engine_config = create_engine_config
@@ -220,10 +224,10 @@ def recorded_engine_args(environ: Mapping[str, str]) -> dict[str, Any] | None:
 def running_engine_args(record: dict[str, Any] | None, published: dict[str, Any], model: str) -> dict[str, Any]:
     """This engine's arguments in the manifest's terms: an argument counts as the manifest's value only where
     vLLM's own EngineArgs, given the manifest's arguments, holds what this engine was given; else as given, or
-    absent where it was not (vLLM's default). Every argument the engine reads is compared, so the next one cannot slip by.
-    Front-end arguments (not EngineArgs fields: chat templates, tool parsers) never reach the engine core and
-    change no graph: they stand as published. No record (an engine not made through ``create_engine_config``):
-    nothing can be verified, and the check says so."""
+    absent where it was not (vLLM's default). Every argument the engine reads is compared, so the next one
+    cannot slip by. Front-end arguments (not EngineArgs fields: chat templates, tool parsers) never reach the
+    engine core and change no graph: they stand as published. No record (an engine not made through
+    ``create_engine_config``): nothing can be verified, and the check says so."""
     from aotc.engine_args import OWN_KEYS
     from aotc.runners.kv_sizing import OVERRIDE
 
