@@ -23,13 +23,15 @@ events). A runner without a watcher is logged as unwatched, never silently ignor
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import json
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,21 +44,10 @@ LAUNCH_FLAGS_ENV = "AOTC_GUARD_LAUNCH_FLAGS"
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 
-# Engine args vLLM rewrites before a worker sees them (TPU replaces block_size with its page size):
-# the running config cannot tell what was asked for, so the manifest's value stands in.
-UNOBSERVABLE_ENGINE_ARGS = ("block_size",)
-ENGINE_ARGS: dict[str, Callable[[Any], Any]] = {
-    "kv_cache_dtype": lambda c: c.cache_config.cache_dtype,
-    "quantization": lambda c: c.model_config.quantization,
-    "enable_prefix_caching": lambda c: c.cache_config.enable_prefix_caching,
-    "max_logprobs": lambda c: c.model_config.max_logprobs,
-    "enable_lora": lambda c: c.lora_config is not None,
-    "max_loras": lambda c: c.lora_config.max_loras if c.lora_config else None,
-    "max_lora_rank": lambda c: c.lora_config.max_lora_rank if c.lora_config else None,
-    "disable_chunked_mm_input": lambda c: c.scheduler_config.disable_chunked_mm_input,
-    "enable_expert_parallel": lambda c: c.parallel_config.enable_expert_parallel,
-    "num_gpu_blocks_override": lambda c: c.cache_config.num_gpu_blocks_override,
-}
+ENGINE_ARGS_MODULE = "vllm.engine.arg_utils"
+# The engine's arguments as given, recorded where vLLM turns them into its config (``create_engine_config``,
+# in the API server or the LLM's process) and inherited by the engine-core process it starts.
+ENGINE_ARGS_ENV = "AOTC_GUARD_ENGINE_ARGS"
 
 logger = logging.getLogger("vllm.aotc.guard")  # a child of vLLM's logger: its format, level, handler
 
@@ -110,6 +101,7 @@ def _register() -> None:
     remember_launch_flags()
     guard_metrics.metrics_dir()  # created by the first process, inherited by the ones vLLM starts
     _session = GuardSession(mode, running_runner())
+    when_imported(ENGINE_ARGS_MODULE, never_raises("recording the engine arguments", patch_engine_args))
     when_imported(ENGINE_CORE_MODULE, never_raises("hooking the engine core",
                                                    functools.partial(patch_engine_core, _session)))
     when_imported(SCHEDULER_MODULE, never_raises("hooking the scheduler", functools.partial(patch_scheduler, _session)))
@@ -176,13 +168,14 @@ class CacheCheck:
 
 def running_entry(vllm_config: Any, manifest: Any = None, environ: Mapping[str, str] | None = None, *,
                   runner: str, device: str):
-    """The matrix Entry this engine is, read from its VllmConfig (what the pod really runs)."""
+    """The matrix Entry this engine is: its VllmConfig and the arguments it was given (what the pod really
+    runs). Every input comes from this engine but the accelerator where the pod names none (the CPU twin)."""
     from aotc.matrix import Entry
 
     environ = os.environ if environ is None else environ
     published = manifest.inputs if manifest is not None else {}
     model_cfg, model = vllm_config.model_config, vllm_config.model_config.model
-    dtype = str(model_cfg.dtype).removeprefix("torch.")
+    record = recorded_engine_args(environ)
     return Entry(
         name=manifest.entry if manifest is not None else "running",
         model_name=os.path.basename(model.rstrip("/")), model=model,
@@ -191,21 +184,158 @@ def running_entry(vllm_config: Any, manifest: Any = None, environ: Mapping[str, 
         device=device,
         accelerator=(environ.get(ENV_ACCELERATOR) or environ.get(GKE_ACCELERATOR_ENV)
                      or published.get("accelerator") or "unknown"),
-        # vLLM resolves "auto" before a worker exists; only the manifest remembers it was asked for
-        dtype="auto" if published.get("dtype") == "auto" else dtype,
+        # as asked for ("auto" included): vLLM resolves it before a worker exists
+        dtype=str(record["given"].get("dtype", "auto") if record else model_cfg.dtype).removeprefix("torch."),
         max_model_len=model_cfg.max_model_len,
         max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
         max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
         tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
-        engine=_engine_args(vllm_config, published.get("engine") or {}),
+        engine=running_engine_args(record, published.get("engine") or {}, model),
         model_path=os.path.abspath(model) if os.path.isdir(model) else None,
     )
 
 
-def _engine_args(vllm_config: Any, published: dict[str, Any]) -> dict[str, Any]:
-    """The engine args the manifest's matrix entry set, as this engine has them."""
-    return {key: value if key in UNOBSERVABLE_ENGINE_ARGS or key not in ENGINE_ARGS
-            else ENGINE_ARGS[key](vllm_config) for key, value in published.items()}
+# --- the engine's arguments as given ------------------------------------------------------------------
+
+
+def patch_engine_args(module: Any) -> None:
+    """Record the arguments an engine is created with: vLLM calls ``create_engine_config`` once per engine,
+    before it starts the engine core, which inherits the record through the environment (as the launch flags).
+    Recorded on entry, before vLLM fills in what it derives (tokenizer, prefix caching, ...)."""
+    cls = module.EngineArgs
+    if not first_patch(cls):
+        return
+    create = cls.create_engine_config
+
+    @functools.wraps(create)
+    def create_engine_config(self, *args, **kwargs):
+        try:
+            os.environ[ENGINE_ARGS_ENV] = json.dumps({"class": f"{type(self).__module__}:{type(self).__qualname__}",
+                                                      "given": given_engine_args(self)})
+        except Exception as exc:  # the guard never stops a server: the check will say nothing was recorded
+            os.environ.pop(ENGINE_ARGS_ENV, None)
+            logger.warning("aotc guard: cannot record the engine's arguments: %s: %s", type(exc).__name__, exc)
+        return create(self, *args, **kwargs)
+
+    cls.create_engine_config = create_engine_config
+
+
+def given_engine_args(args: Any) -> dict[str, Any]:
+    """The fields of an EngineArgs that differ from vLLM's defaults, as JSON values. vLLM has two sets of
+    defaults, the dataclass's (``LLM(...)``) and ``vllm serve``'s parser's (e.g. vLLM 0.32's
+    ``mm_device_do_normalize``: True and None): a value is given only when it differs from both, so an engine
+    and the manifest's arguments compare alike whichever way each was made."""
+    cli = _cli_defaults()
+    given = {}
+    for field in dataclasses.fields(args):
+        value = _plain(getattr(args, field.name))
+        if value != _plain(_default(field)) and value != cli.get(field.name, _UNSET):
+            given[field.name] = value
+    return given
+
+
+@functools.cache
+def _cli_defaults() -> dict[str, Any]:
+    """``vllm serve``'s defaults, from its own parser (aotc/runners/serve_args.py); {} where it cannot load."""
+    try:
+        from aotc.runners.serve_args import serve_parser
+
+        return {key: _plain(value) for key, value in vars(serve_parser().parse_args([])).items()}
+    except Exception:  # a report never stops a server: then the dataclass's defaults alone count
+        return {}
+
+
+def recorded_engine_args(environ: Mapping[str, str]) -> dict[str, Any] | None:
+    try:
+        record = json.loads(environ.get(ENGINE_ARGS_ENV) or "null")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("given"), dict) else None
+
+
+def running_engine_args(record: dict[str, Any] | None, published: dict[str, Any], model: str) -> dict[str, Any]:
+    """This engine's arguments in the manifest's terms: an argument counts as the manifest's value only where
+    vLLM's own EngineArgs, given the manifest's arguments, holds what this engine was given; else as given, or
+    absent where it was not (vLLM's default). Every argument the engine reads is compared, so the next one
+    cannot slip by. Front-end arguments (not EngineArgs fields: chat templates, tool parsers) never reach the
+    engine core and change no graph: they stand as published. No record (an engine not made through
+    ``create_engine_config``): nothing can be verified, and the check says so."""
+    from aotc.engine_args import OWN_KEYS
+    from aotc.runners.kv_sizing import OVERRIDE
+
+    if record is None:
+        return {"<engine arguments>": "not recorded (no EngineArgs.create_engine_config in this engine's start)"}
+    cls = _engine_args_class(record["class"])
+    fields = {field.name for field in dataclasses.fields(cls)}
+    ours = {key: value for key, value in published.items() if key not in fields}
+    theirs = _published_as_given(cls, {key: value for key, value in published.items() if key in fields}, model)
+    given = {key: value for key, value in record["given"].items() if not _aotc_engine_arg(key, value)}
+    compared = (given.keys() | theirs.keys() | published.keys() & fields) - OWN_KEYS - {OVERRIDE}
+    for key in sorted(compared):
+        if given.get(key, _UNSET) == theirs.get(key, _UNSET):
+            if key in published:
+                ours[key] = published[key]
+        elif key in given:
+            ours[key] = given[key]
+    return ours
+
+
+_UNSET = object()
+
+
+def _aotc_engine_arg(key: str, value: Any) -> bool:
+    """An argument aotc's own engines add beyond the matrix's: an in-process LLM's token-id input, the CPU twin's
+    worker (aotc/runners/engine_common.py, the runners' engine.py). The build's graphs are made with them and
+    the fingerprint hashes neither (the twin's worker follows from ``device``), so neither is a difference."""
+    return key == "skip_tokenizer_init" or key == "worker_cls" and str(value).startswith("aotc.runners.")
+
+
+def _published_as_given(cls: Any, published: dict[str, Any], model: str) -> dict[str, Any]:
+    """``given_engine_args`` of an EngineArgs made from the manifest's arguments (vLLM normalizes them as it
+    normalized this engine's); {} when vLLM refuses them (then every one differs)."""
+    try:
+        return given_engine_args(cls(model=model, **published))
+    except Exception:  # the manifest's arguments, not this engine's: a refusal is a difference, not a crash
+        return {}
+
+
+def _engine_args_class(name: str) -> Any:
+    import importlib
+
+    module, _, qualname = name.partition(":")
+    return functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for an engine argument: config dataclasses as their fields that differ from the type's
+    defaults (what a matrix's mapping says; none: None, as unset), enums as their values, anything else as its
+    repr."""
+    if value is None or isinstance(value, (bool, int, float, str)) and not isinstance(value, enum.Enum):
+        return value
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _changed_fields(value) or None  # a config at its defaults is no setting at all
+    return repr(value)
+
+
+def _changed_fields(config: Any) -> dict[str, Any]:
+    try:
+        base = type(config)()
+    except Exception:  # a config with required fields: all of them
+        base = None
+    return {field.name: _plain(getattr(config, field.name)) for field in dataclasses.fields(config)
+            if base is None or _plain(getattr(config, field.name)) != _plain(getattr(base, field.name))}
 
 
 def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | None = None, *,

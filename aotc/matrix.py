@@ -609,11 +609,21 @@ def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) ->
     if entry.device not in runner.devices:
         raise MatrixError(file, where + ".device",
                           f"runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}")
-    problems = _tpu_problems(entry)
+    problems = _tpu_problems(entry) + _env_problems(entry)
     problems += runner.validate(entry, hf_config)
     if problems:
         key, _, reason = problems[0].partition(": ")
         raise MatrixError(file, f"{where}.{key}", reason)
+
+
+def _env_problems(entry: Entry) -> list[str]:
+    """``env:`` sets only what the entry's stack reads and the fingerprint hashes (``RunnerSpec.env_vars``):
+    anything else would reach the runner's process unhashed, or not matter at all."""
+    runner = entry.backend
+    return [f"env.{var}: runner {runner.name}'s stack "
+            + (f"reads it but it changes no graph ({runner.env_unhashed[var]})" if var in runner.env_unhashed
+               else "does not read it")
+            for var in entry.env if var not in runner.env_vars]
 
 
 def _tpu_problems(entry: Entry) -> list[str]:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from aotc import guard, guard_metrics
-from aotc.fingerprint import entry_kv_blocks, fingerprint_entry, pin_kv
+from aotc.fingerprint import diff_inputs, entry_kv_blocks, fingerprint_entry, flatten, pin_kv
 from aotc.manifest import GraphRecord, Manifest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
@@ -53,6 +53,16 @@ def vllm_config(entry, **overrides):
     )
 
 
+def launched(entry, environ):
+    """``environ`` as the guard's ``create_engine_config`` hook leaves it for an engine given the entry's
+    arguments (vLLM's own EngineArgs, as ``vllm serve`` makes it)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=entry.model_path or entry.model, dtype=entry.dtype, **entry.engine)
+    record = {"class": "vllm.engine.arg_utils:EngineArgs", "given": guard.given_engine_args(args)}
+    return {**environ, guard.ENGINE_ARGS_ENV: json.dumps(record)}
+
+
 def write_manifest(cache_dir, entry, environ, graphs=()):
     fp = fingerprint_entry(entry, environ)
     Manifest(entry=entry.name, fingerprint=fp.digest, inputs=fp.inputs, created="2025-01-01T00:00:00+00:00",
@@ -66,7 +76,7 @@ def write_manifest(cache_dir, entry, environ, graphs=()):
 def test_matching_manifest(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, entry, ENV)
-    check = guard.check_cache(str(tmp_path), vllm_config(entry), ENV, **TWIN)
+    check = guard.check_cache(str(tmp_path), vllm_config(entry), launched(entry, ENV), **TWIN)
     assert check.status == "match", check.line
     assert DEMO_ENTRY in check.line
 
@@ -75,10 +85,13 @@ def test_mismatch_names_the_differing_inputs(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, replace(entry, max_num_seqs=16, engine={"block_size": 16, "num_gpu_blocks_override": 33}),
                    ENV)
-    check = guard.check_cache(str(tmp_path), vllm_config(entry), {**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"}, **TWIN)
+    pod = launched(entry, {**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"})
+    check = guard.check_cache(str(tmp_path), vllm_config(entry), pod, **TWIN)
     assert check.status == "mismatch"
-    # the published entry pinned another KV page count than the pod's (its stack's sizing)
-    assert [d.split(":")[0] for d in check.differences] == ["env.VLLM_TPU_BUCKET_PADDING_GAP", "kv_blocks",
+    # the published entry pinned another KV page count than the pod's (its stack's sizing), and was built with a
+    # block size the pod was not given
+    assert [d.split(":")[0] for d in check.differences] == ["engine", "engine.block_size",
+                                                            "env.VLLM_TPU_BUCKET_PADDING_GAP", "kv_blocks",
                                                             "max_num_seqs"]
     assert "max_num_seqs: here 8, published 16" in check.line
 
@@ -87,7 +100,7 @@ def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, entry, ENV)
     for pod_kv in (pinned_kv(entry) * 2, None):  # another pinned size, or vLLM sizing it from memory
-        check = guard.check_cache(str(tmp_path), vllm_config(entry, kv_blocks=pod_kv), ENV, **TWIN)
+        check = guard.check_cache(str(tmp_path), vllm_config(entry, kv_blocks=pod_kv), launched(entry, ENV), **TWIN)
         assert check.status == "mismatch" and check.differences == (
             f"kv_blocks: here {pod_kv!r}, published {pinned_kv(entry)!r}",), check.line
 
@@ -106,9 +119,10 @@ def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
 
     jax_twin = {"runner": "tpu-inference", "device": "cpu", "live_flags": True}
     # an engine core as aotc's plugin leaves it: the stack's flags once, as the build fingerprinted
-    assert guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(1), **jax_twin).status == "match"
+    assert guard.check_cache(str(tmp_path), vllm_config(entry), launched(entry, engine_core(1)),
+                             **jax_twin).status == "match"
     # one the plugin did not collapse (the API server's copy and its own): JAX hashes both, so the keys differ
-    check = guard.check_cache(str(tmp_path), vllm_config(entry), engine_core(2), **jax_twin)
+    check = guard.check_cache(str(tmp_path), vllm_config(entry), launched(entry, engine_core(2)), **jax_twin)
     assert check.status == "mismatch" and [d.split(":")[0] for d in check.differences] == ["xla_flags"]
 
 
@@ -122,18 +136,78 @@ def test_absent_and_unreadable_manifests(tmp_path):
 def test_flags_torch_xla_appends_after_launch_do_not_count(tmp_path):
     entry = demo_entry()
     write_manifest(tmp_path, entry, ENV)
-    environ = {**ENV, guard.LAUNCH_FLAGS_ENV: guard.launch_flags_record(ENV)}
+    environ = launched(entry, {**ENV, guard.LAUNCH_FLAGS_ENV: guard.launch_flags_record(ENV)})
     environ["XLA_FLAGS"] += " --xla_cpu_enable_fast_math=false"  # what `import torch_xla` does
     environ["LIBTPU_INIT_ARGS"] = "--xla_jf_conv_input_fusion=False"  # what TPUWorker.init_device does
     assert guard.check_cache(str(tmp_path), vllm_config(entry), environ, **TWIN).status == "match"
 
 
-def test_unobservable_engine_args_come_from_the_manifest():
+def test_engine_args_count_as_published_only_where_vllm_reads_them_alike():
+    entry = replace(demo_entry(), engine={"block_size": 16, "num_gpu_blocks_override": 65})
+    manifest = SimpleNamespace(entry=entry.name, inputs={"engine": {"block_size": 16, "kv_cache_dtype": "fp8",
+                                                                    "chat_template": "t.jinja"}})
+    running = guard.running_entry(vllm_config(entry), manifest, launched(entry, {}), **TWIN)
+    # as given (vLLM's TPU platform overwrites block_size in the config), kv_cache_dtype not given (vLLM's default);
+    # a front-end argument stands as published
+    assert running.engine == {"block_size": 16, "chat_template": "t.jinja"}
+    # an engine made without create_engine_config: nothing to verify, and the check says so
+    assert list(guard.running_entry(vllm_config(entry), manifest, {}, **TWIN).engine) == ["<engine arguments>"]
+
+
+def test_an_engine_from_vllm_serves_parser_is_given_what_an_llm_with_the_same_arguments_is():
+    """vllm serve's parser and EngineArgs' dataclass disagree on some defaults (enable_lora None / False, ...):
+    the same arguments must compare alike whichever way the engine was made."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from aotc.engine_args import cli_flags
+    from aotc.runners.serve_args import serve_parser
+
+    model, engine = demo_entry().model_path, {"block_size": 16, **EXTRAS}
+    served = AsyncEngineArgs.from_cli_args(serve_parser().parse_args(["--model", model, *cli_flags(engine)]))
+    assert guard.given_engine_args(served) == guard.given_engine_args(AsyncEngineArgs(model=model, **engine))
+
+
+# the published artifact's extra engine arguments: the issue's async scheduling and hf_overrides (speculative
+# decoding is refused on vllm-tpu)
+EXTRAS = {"async_scheduling": True, "hf_overrides": {"aotc_note": 1}}
+
+
+def start_verdicts(tmp_path, name, engine, caches, env):
+    """tests/helpers/guard_verdict.py on the demo's model with ``engine``: the plugin's verdict per cache."""
     entry = demo_entry()
-    manifest = SimpleNamespace(entry=entry.name, inputs={"engine": {"block_size": 16, "kv_cache_dtype": "fp8"}})
-    running = guard.running_entry(vllm_config(entry), manifest, {}, **TWIN)
-    # vLLM's TPU platform overwrote block_size (128 here); the running kv cache dtype is real
-    assert running.engine == {"block_size": 16, "kv_cache_dtype": "auto"}
+    request = tmp_path / f"{name}.json"
+    request.write_text(json.dumps({"caches": [str(c) for c in caches], "args": {
+        "model": entry.model_path, "dtype": entry.dtype, "max_model_len": entry.max_model_len,
+        "max_num_seqs": entry.max_num_seqs, "max_num_batched_tokens": entry.max_num_batched_tokens,
+        "load_format": "dummy", **engine}}))
+    return subprocess.Popen([sys.executable, "-m", "tests.helpers.guard_verdict", str(request)], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def verdicts_of(proc):
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    [line] = [line for line in out.splitlines() if line.startswith(OUTCOME)]
+    return [(v["status"], sorted(d.split(":")[0] for d in v["differences"])) for v in json.loads(line[len(OUTCOME):])]
+
+
+@pytest.mark.full
+def test_the_start_up_verdict_compares_every_engine_argument_the_artifact_was_built_with(tmp_path):
+    """The plugin loaded by vLLM's own EngineArgs, the VllmConfig its create_engine_config makes (CPU twin)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_ACCELERATOR_TYPE", "AOTC_ACCELERATOR")}
+    env.update(AOTC_GUARD="1", AOTC_CPU_TWIN="1", PJRT_DEVICE="CPU", VLLM_HOST_IP="127.0.0.1")
+    pinned = {"num_gpu_blocks_override": 65}
+    with_extras, plain = tmp_path / "with-extras", tmp_path / "plain"
+    with_extras.mkdir(), plain.mkdir()
+    built = [write_manifest(with_extras, replace(demo_entry(), engine={**pinned, **EXTRAS}), env),
+             write_manifest(plain, replace(demo_entry(), engine=pinned), env)]
+    servers = [start_verdicts(tmp_path, name, engine, (with_extras, plain), env)
+               for name, engine in (("plain", pinned), ("extras", {**pinned, **EXTRAS}))]
+    named = diff_inputs(built[0].inputs, built[1].inputs)
+    assert {f"engine.{key}" for key in flatten(EXTRAS)} <= set(named)
+    # a server given none of them, then one given both: each matches only the artifact built as it runs
+    assert verdicts_of(servers[0]) == [("mismatch", named), ("match", [])]
+    assert verdicts_of(servers[1]) == [("match", []), ("mismatch", named)]
 
 
 @pytest.mark.parametrize("value, mode", [("", None), ("0", None), ("off", None), ("1", "log"), ("STRICT", "strict")])

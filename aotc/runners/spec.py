@@ -44,7 +44,13 @@ class RunnerSpec:
     packages: tuple[str, ...]
     """Distributions whose versions enter the fingerprint (read from metadata, never imported)."""
     env_vars: tuple[str, ...] = ()
-    """Environment variables the stack reads that change a graph or its cache key."""
+    """Every environment variable the stack reads but ``env_unhashed``: the fingerprint hashes each one set, so
+    a builder's or a pod's stray setting never goes unseen (aotc/runners/stack_env.py)."""
+    env_unhashed: Mapping[str, str] = field(default_factory=dict)
+    """Variables the stack reads that change no graph and no key -> why; the fingerprint leaves them out."""
+    env_registries: tuple[str, ...] = ()
+    """Modules of the stack whose ``environment_variables`` name what it reads: a test holds ``env_vars`` and
+    ``env_unhashed`` to them, in the runner's interpreter."""
     implied_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Flags the stack adds to XLA_FLAGS / LIBTPU_INIT_ARGS at import, before anything compiles."""
     devices: tuple[str, ...] = ("cpu", "tpu")

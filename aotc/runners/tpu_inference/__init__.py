@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aotc.runners.spec import RunnerSpec
+from aotc.runners.tpu_inference import stack_env
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ SPEC = TpuInferenceRunner(
     module="aotc.runners.tpu_inference",
     buckets="aotc.runners.tpu_inference.buckets",
     packages=("jax", "jaxlib", "libtpu", "tpu-inference", "vllm-tpu", "torchax"),
-    env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_USING_PATHWAYS", "MIN_TOKEN_BUCKET", "ATTN_BUCKETIZED_NUM_REQS",
-              "ATTN_CUSTOM_NUM_REQS_BUCKETS", "MODEL_IMPL_TYPE", "DRAFT_MODEL_IMPL_TYPE", "NEW_MODEL_DESIGN",
-              "USE_BATCHED_RPA_KERNEL"),
+    env_vars=stack_env.HASHED,
+    env_unhashed=stack_env.UNHASHED,
+    env_registries=("vllm.envs", "tpu_inference.envs"),
     # tpu_inference/env_override.py adds these at import (a test pins this table to it)
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
                    "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aotc.runners.spec import RunnerSpec
+from aotc.runners.vllm_tpu import stack_env
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,9 @@ SPEC = VllmTpuRunner(
     buckets="aotc.runners.vllm_tpu.buckets",
     # jax/jaxlib: torch_xla's `pallas` extra, the version its Pallas kernels are lowered with on a TPU
     packages=("torch", "torch_xla", "vllm", "libtpu", "jax", "jaxlib"),
-    env_vars=("VLLM_TPU_BUCKET_PADDING_GAP", "VLLM_TPU_MOST_MODEL_LEN", "VLLM_XLA_USE_SPMD", "VLLM_TPU_USING_PATHWAYS"),
+    env_vars=stack_env.HASHED,
+    env_unhashed=stack_env.UNHASHED,
+    env_registries=("vllm.envs",),
     # Not the twin: vLLM 0.13's own TPUModelRunner (sample_tokens' concat_lists) extends Python lists with the
     # numpy rows LogprobsLists holds since vllm-project/vllm#28245; on a TPU too.
     unserved={"logprobs": "vLLM 0.13 TPUModelRunner: the engine core's output thread dies on 'numpy.int64 is not "
