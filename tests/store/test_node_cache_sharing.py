@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from aotc.manifest import Manifest
 from aotc.testing.artifacts import expected_dest, make_artifact, random_files, tree
