@@ -17,6 +17,7 @@ import pytest
 
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
+from aotc.runners.tpu_inference.topology import SINGLE_HOST_SLICES
 
 from .conftest import REPO, run_jax
 
@@ -25,7 +26,7 @@ ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
 PLAN = plan_entry(load_matrix(DEMO).entry(ENTRY))
 FACTS = Path(__file__).with_name("tpu_target_facts.py")
 # Cloud TPU single-host slices of every generation aotc targets, and one multi-host slice
-ACCELERATORS = ["v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8", "v7x-8", "v6e-16"]
+ACCELERATORS = [*SINGLE_HOST_SLICES, "v6e-16"]
 DEVICE_KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v5p": "TPU v5", "v7x": "TPU7x"}
 
 
@@ -65,6 +66,11 @@ def test_a_call_on_abstract_arrays_compiles_under_the_key_of_the_stacks_own_lowe
     """The stack's RPA kernel on the v6e-1 topology: a jitted call on abstract arrays (a compile-only build's path for
     the warm-up's calls) and jax.jit(...).lower(...).compile() (the stack's AOT path) write one same cache key."""
     assert facts["call_keys"] and facts["call_keys"] == facts["lowered_keys"]
+
+
+def test_hbm_in_use_counts_every_array_held_on_the_device_equal_ones_too(facts):
+    """What the stack's KV sizing subtracts: three equal weights (as a model's layers are) are three."""
+    assert facts["held_bytes"] == 3 * facts["one_weight_bytes"]
 
 
 def test_the_twin_and_a_tpu_target_never_share_a_process(facts):

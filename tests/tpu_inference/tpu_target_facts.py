@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from aotc.runners.tpu_inference import engine
 from aotc.runners.tpu_inference.topology import compile_only_devices, target_facts, topology_for
@@ -141,4 +142,7 @@ compile_only.install(compile_only_devices(v6e))
 facts["platform_version"] = jax.devices()[0].client.platform_version
 facts["twin_after_target_refusal"] = refusal(twin.install)
 facts["call_keys"], facts["lowered_keys"] = keys_of_a_call_and_of_the_stacks_lowering()
+device = jax.devices()[0]
+weights = [jax.device_put(np.zeros((256, 1024), np.float32), device) for _ in range(3)]  # three equal layers
+facts["held_bytes"], facts["one_weight_bytes"] = compile_only.held_bytes(device), 256 * 1024 * 4
 print(json.dumps(facts))

@@ -23,8 +23,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-# what `aotc doctor` tries: Cloud TPU's single-host slices
-SINGLE_HOST_SLICES = ("v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8", "v7x-8")
+# what `aotc doctor` tries: Cloud TPU's single-host slices. Not v7x: libtpu 0.0.48 resolves tpu7x:2x2x1 alone, but
+# once refused it ("Invalid TPU external name: TPU7x") in a process that had made other topologies first, in the
+# suite; until that is understood aotc names no v7x target it cannot make every time
+SINGLE_HOST_SLICES = ("v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8")
 ACCELERATOR = re.compile(r"^(v5e|v5p|v6e|v7x)-(\d+)$")
 
 
