@@ -123,11 +123,12 @@ def remove_quietly(path: str) -> None:
         pass
 
 
-def read_regular_file(path: str | Path, limit: int) -> bytes:
+def read_regular_file(path: str | Path, limit: int, follow_links: bool = True) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes. A user may name anything: /dev/zero is never
-    read to exhaustion, a FIFO never waited on (O_NONBLOCK), a directory or device is refused by its kind.
-    Raises OSError as open does (FileNotFoundError, PermissionError) and ValueError for the rest."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    read to exhaustion, a FIFO never waited on (O_NONBLOCK), a directory or device is refused by its kind;
+    ``follow_links=False``: a link is refused too (ELOOP). Raises OSError as open does (FileNotFoundError,
+    PermissionError) and ValueError for the rest."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
     try:
         kind = file_kind(os.fstat(fd).st_mode)
         if kind != "regular file":

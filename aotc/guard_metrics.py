@@ -28,9 +28,10 @@ import dataclasses
 import json
 import logging
 import os
-import stat
 import tempfile
 from typing import Any
+
+from aotc.files import read_regular_file
 
 METRICS_DIR_ENV = "AOTC_GUARD_METRICS_DIR"
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -190,26 +191,14 @@ def read_snapshots(directory: str) -> list[Figures]:
         if not _alive(int(pid)):
             continue
         try:
-            found.append(Figures.from_dict(json.loads(_read_regular(path))))
+            # never through a link, never waiting on a FIFO or a device, never a big stray file
+            snapshot = read_regular_file(path, SNAPSHOT_MAX_BYTES, follow_links=False)
+            found.append(Figures.from_dict(json.loads(snapshot)))
         except FileNotFoundError:
             continue
         except (OSError, ValueError, RecursionError) as exc:
             _warn_once(path, f"skipping {path} on /metrics: not a snapshot this aotc can read ({exc})")
     return found
-
-
-def _read_regular(path: str) -> bytes:
-    """A regular file's first bytes, never through a link, never waiting on a FIFO or a device."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = os.read(fd, SNAPSHOT_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > SNAPSHOT_MAX_BYTES:
-        raise ValueError(f"larger than {SNAPSHOT_MAX_BYTES} bytes")
-    return data
 
 
 def _alive(pid: int) -> bool:
