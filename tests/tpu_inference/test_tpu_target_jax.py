@@ -52,6 +52,16 @@ def test_each_accelerator_names_a_libtpu_topology_of_its_chips_on_its_hosts(fact
     assert facts["topologies"]["v6e-8"]["hosts"] == 1 and facts["topologies"]["v6e-16"]["hosts"] == 4
 
 
+def test_another_stacks_libtpu_named_by_the_environment_is_not_the_compiler(jax_env, facts):
+    """Importing the torch_xla venv's libtpu package (0.0.21) sets TPU_LIBRARY_PATH in that process and every one
+    it starts: a TPU target still compiles with this stack's libtpu (the version the fingerprint names)."""
+    core_libtpu = subprocess.run([sys.executable, "-c", "import libtpu; print(libtpu.get_library_path())"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    polluted = run_jax({**jax_env, "TPU_LIBRARY_PATH": core_libtpu}, FACTS, {"accelerators": ["v6e-1"]})
+    assert polluted["platform_version"] == facts["platform_version"]
+    assert polluted["call_keys"] == facts["call_keys"]
+
+
 def test_the_host_split_is_part_of_the_key_so_a_single_host_slice_is_built_as_one_host(facts):
     one_host, two_hosts = facts["host_split_fingerprints"]
     assert one_host != two_hosts

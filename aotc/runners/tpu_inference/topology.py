@@ -108,11 +108,23 @@ def compile_only_devices(topology: Topology) -> list[Any]:
     # guards nothing and would serialize parallel builds (and a build beside `aotc doctor`): measured, the second
     # process fails with "Internal error when accessing libtpu multi-process lockfile"
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    use_this_stacks_libtpu()
     from jax.experimental import topologies
 
     described = topologies.get_topology_desc(platform="tpu", topology_name=topology.name,
                                              chips_per_host_bounds=topology.chips_per_host)
     return list(described.devices)
+
+
+def use_this_stacks_libtpu() -> None:
+    """Compile with the libtpu the fingerprint names: this interpreter's libtpu package, whatever
+    TPU_LIBRARY_PATH says. Importing another stack's libtpu package sets that variable (libtpu 0.0.21's, in the
+    torch_xla venv, does at import), and every process started from such a process then loads that libtpu:
+    measured, a compile-only build from a test process that had imported it compiled with libtpu 0.0.21, which
+    refused the stack's kernels ("no such field: 'disable_semaphore_checks'")."""
+    import libtpu
+
+    os.environ["TPU_LIBRARY_PATH"] = libtpu.get_library_path()
 
 
 def target_facts(topology: Topology, devices: list[Any]) -> dict[str, Any]:
