@@ -26,7 +26,7 @@ def precompile_calls(recs: list[Record]) -> list[Graph]:
             for r in recs if records.is_call(r)]
 
 
-def compile_only_target(entry: dict) -> dict | None:
+def target_compiled_for(entry: dict) -> dict | None:
     """What the graphs were compiled for on this host without a TPU (the manifest's ``target``), else None."""
     from . import compile_only
     from .topology import target_facts
@@ -72,7 +72,7 @@ def run_build(request: Request) -> BuildResult:
     launch_env = dict(os.environ)
     session = Session.start(request.entry, request.cache_dir, [g.model_dump() for g in request.plan])
     capture = session.records()
-    target = compile_only_target(request.entry)
+    target = target_compiled_for(request.entry)
     result = BuildResult(calls=precompile_calls(capture),
                          startup=records.graphs_outside_calls(capture, records.STARTUP),
                          engine_start_seconds=round(session.start_seconds, 3), xla_flags=effective_flags(),

@@ -17,7 +17,7 @@ from aotc.runners.protocol import Request, VerifyResult
 
 from . import records
 from .records import Record
-from .build import compile_only_target
+from .build import target_compiled_for
 from .session import Session
 
 
@@ -60,20 +60,21 @@ def compile_only_evidence(total: dict[str, int], artifact_files: int, target: di
             "loads nothing, so the keys are proven here and the load is not.")
 
 
-def compile_only_verdict(total: dict[str, int], table: dict[str, dict]) -> str | None:
-    """Keys only: every lookup found its entry, nothing new was written (entries found are compiled and written
-    again under the same key, since this host cannot load them)."""
-    if total["misses"] or total["new_files"]:
-        fams = sorted(f for f, row in table.items() if row["misses"] or row["new_files"])
-        return f"{max(total['misses'], total['new_files'])} graph(s) missed the cache in: {', '.join(fams)}"
-    return None
+def missed_cache(total: dict[str, int], table: dict[str, dict], counted: tuple[str, ...]) -> str | None:
+    """The graphs that missed the cache, by family, judged by the ``counted`` columns."""
+    if not any(total[column] for column in counted):
+        return None
+    fams = sorted(f for f, row in table.items() if any(row[column] for column in counted))
+    return f"{max(total['misses'], total['new_files'])} graph(s) missed the cache in: {', '.join(fams)}"
+
+
+# Keys only, on a host that cannot load: an entry found is compiled and written again under the same key, so a
+# write is no miss there
+KEYS_ONLY = ("misses", "new_files")
 
 
 def verdict(total: dict[str, int], table: dict[str, dict]) -> str | None:
-    problems = []
-    if total["misses"] or total["new_files"] or total["writes"]:
-        fams = sorted(f for f, row in table.items() if row["misses"] or row["new_files"] or row["writes"])
-        problems.append(f"{max(total['misses'], total['new_files'])} graph(s) missed the cache in: {', '.join(fams)}")
+    problems = [miss] if (miss := missed_cache(total, table, (*KEYS_ONLY, "writes"))) else []
     if total["deserialize_failures"]:
         problems.append(f"{total['deserialize_failures']} cache entries failed to load")
     if total["uncached_compiles"]:
@@ -94,15 +95,7 @@ def run_verify(request: Request) -> VerifyResult:
     always = (*dict.fromkeys(p.family for p in request.plan), records.STARTUP, records.RUNTIME)
     table = records.family_table(recs, new_files_by_family(recs, set(new)), always)
     total = records.totals(table)
-    if target := compile_only_target(request.entry):
-        return VerifyResult(
-            families=table, misses=max(total["misses"], total["new_files"]), missed=missed(recs),
-            replayed_graphs=total["found"], traffic_requests=0, loadable=False,
-            unproven=f"built on a host without a TPU for {target['topology']} ({target['device_kind']}); "
-                     f"`aotc verify` on a {target['accelerator']} host shows the load",
-            engine_start_seconds=round(session.start_seconds, 3),
-            evidence=compile_only_evidence(total, len(before), target), metrics=total,
-            error=compile_only_verdict(total, table))
+    target = target_compiled_for(request.entry)
     return VerifyResult(
         families=table,
         misses=max(total["misses"], total["new_files"]),
@@ -110,9 +103,12 @@ def run_verify(request: Request) -> VerifyResult:
         replayed_graphs=total["found"],
         traffic_requests=sent,
         # A hit is an executable deserialized from the artifact: a real load, not a promise.
-        loadable=total["found"] > 0 and total["found"] == total["requests"] and not total["deserialize_failures"],
+        loadable=not target and total["found"] > 0 and total["found"] == total["requests"]
+        and not total["deserialize_failures"],
+        unproven=target and (f"built on a host without a TPU for {target['topology']} ({target['device_kind']}); "
+                             f"`aotc verify` on a {target['accelerator']} host shows the load"),
         engine_start_seconds=round(session.start_seconds, 3),
-        evidence=evidence(total, len(before)),
+        evidence=compile_only_evidence(total, len(before), target) if target else evidence(total, len(before)),
         metrics=total,
-        error=verdict(total, table),
+        error=missed_cache(total, table, KEYS_ONLY) if target else verdict(total, table),
     )
