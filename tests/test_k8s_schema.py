@@ -9,12 +9,20 @@ default from there) and the newest the package ships, so a field removed upstrea
 from __future__ import annotations
 
 import copy
+import json
+import re
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from .conftest import CONFIGS
+from aotc.build import shard_entries
+from aotc.cli import build_parser
+from aotc.matrix import load_matrix
+from tests.helpers.recipes import recipe_command_lines
+
+from .conftest import CONFIGS, REPO
 
 VERSIONS = ["1.29", kubernetes_validate.utils.latest_version()]
 DOCUMENTS = [(f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc)
@@ -214,3 +222,117 @@ def test_the_policy_check_catches_a_pod_that_strays(break_it):
     template = serving_template()
     break_it(template["spec"])
     assert policy_violations(template) - exceptions(template)
+
+
+# --- TPU executables built on a CPU node pool (build-job-tpu-from-cpu.yaml) ----------------------------------------
+# The pods hold no TPU (nothing requested, selected, tolerated), fit the CPU machine type they select, run an aotc
+# command line aotc's own parser takes, and their shards together build every entry of the matrix the file's header
+# mounts, each entry one the tpu-inference runner compiles for its TPU without one.
+
+CPU_POOL_JOB = "build-job-tpu-from-cpu.yaml"
+# GB of memory per vCPU of Compute Engine's predefined machine types, by their type name's middle word
+GB_PER_VCPU = {"standard": 4, "highmem": 8, "highcpu": 1}
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+
+
+def cpu_pool_job() -> dict:
+    [job] = [doc for name, doc in DOCUMENTS if name.startswith(f"{CPU_POOL_JOB}:Job/")]
+    return job
+
+
+def mentions_tpu(node: object) -> list[str]:
+    """Every key or value of a pod spec that asks for a TPU: google.com/tpu, the GKE TPU node labels."""
+    text = yaml.safe_dump(node)
+    return [word for word in ("google.com/tpu", "gke-tpu", "tpu-v") if word in text]
+
+
+def test_the_cpu_pool_job_asks_for_no_tpu():
+    pod = cpu_pool_job()["spec"]["template"]["spec"]
+    scheduling = {key: pod.get(key) for key in ("nodeSelector", "affinity", "tolerations")}
+    resources = [c["resources"] for c in pod.get("initContainers", []) + pod["containers"]]
+    assert mentions_tpu(scheduling) == [] and mentions_tpu(resources) == []
+
+
+def test_the_tpu_check_catches_a_tpu_request():
+    """The check above would fail a pod that asked for a chip or a TPU node."""
+    assert mentions_tpu({"requests": {"google.com/tpu": "4"}}) == ["google.com/tpu"]
+    assert mentions_tpu({"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice"}) == ["gke-tpu", "tpu-v"]
+
+
+def bytes_of(quantity: str) -> float:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    for unit, factor in sorted(units.items(), key=lambda u: -len(u[0])):
+        if quantity.endswith(unit):
+            return float(quantity[:-len(unit)]) * factor
+    return float(quantity)
+
+
+def test_the_cpu_pool_job_fits_the_machine_type_it_selects():
+    pod = cpu_pool_job()["spec"]["template"]["spec"]
+    family, kind, vcpus = pod["nodeSelector"][INSTANCE_TYPE].split("-")
+    [container] = pod["containers"]
+    requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+    # the kubelet and the node's own daemons keep part of each node: a request of all of it never schedules
+    assert float(requests["cpu"]) < int(vcpus) and bytes_of(requests["memory"]) < GB_PER_VCPU[kind] * int(vcpus) * 2**30
+    assert bytes_of(requests["memory"]) <= bytes_of(limits["memory"]) < GB_PER_VCPU[kind] * int(vcpus) * 2**30
+    assert float(requests["cpu"]) <= float(limits["cpu"]) <= int(vcpus)
+
+
+def cpu_pool_matrix() -> tuple[Path, str]:
+    """The matrix the Job's header puts in its ConfigMap, and that ConfigMap's name."""
+    header = (CONFIGS / "k8s" / CPU_POOL_JOB).read_text()
+    [(configmap, matrix)] = re.findall(r"create configmap (\S+) --from-file=matrix\.yaml=(\S+)", header)
+    return REPO / matrix, configmap
+
+
+def cpu_pool_build_lines(index: int) -> list:
+    job = cpu_pool_job()
+    return [line for line in recipe_command_lines(CPU_POOL_JOB, [job], {"JOB_COMPLETION_INDEX": str(index)})
+            if line.argv[1] == "build"]
+
+
+def test_the_cpu_pool_job_mounts_the_matrix_its_header_names():
+    _, configmap = cpu_pool_matrix()
+    pod = cpu_pool_job()["spec"]["template"]["spec"]
+    [line] = cpu_pool_build_lines(0)
+    config = build_parser().parse_args(line.argv[1:]).config
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if config.startswith(m["mountPath"] + "/")]
+    assert {"name": mount["name"], "configMap": {"name": configmap}} in pod["volumes"]
+
+
+def test_the_cpu_pool_job_shards_cover_the_matrix():
+    """Pod i's `aotc build --shard i/N`, parsed by aotc's own parser and sharded by its own rule: each entry in one
+    shard, no shard idle."""
+    matrix, _ = cpu_pool_matrix()
+    entries = load_matrix(matrix, check_stack=False).entries
+    shards = []
+    for index in range(cpu_pool_job()["spec"]["completions"]):
+        [line] = cpu_pool_build_lines(index)
+        shards.append([e.name for e in shard_entries(entries, build_parser().parse_args(line.argv[1:]).shard)])
+    built = [name for shard in shards for name in shard]
+    assert sorted(built) == sorted(e.name for e in entries) and all(shards)
+
+
+def test_every_entry_of_the_cpu_pool_matrix_builds_without_a_tpu():
+    """device tpu, the runner that compiles for a TPU without one, a single-host slice (a multi-host one is refused
+    on a host without a TPU), and a JAX-native model (the torchax path is refused there)."""
+    from aotc.runners.tpu_inference.rules import resolved_implementation
+    from aotc.runners.tpu_inference.topology import topology_for
+
+    matrix, _ = cpu_pool_matrix()
+    for entry in load_matrix(matrix, check_stack=False).entries:
+        assert entry.device == "tpu" and entry.backend.tpu_targets_on_cpu_host, entry.name
+        assert topology_for(entry.accelerator).hosts == 1, entry.name
+        config = CONFIGS / "models" / entry.model.split("/")[-1].lower() / "config.json"  # the committed copy
+        [architecture] = json.loads(config.read_text())["architectures"]
+        setting = entry.backend.runner_env(entry, environ={}).get("MODEL_IMPL_TYPE")
+        assert resolved_implementation(setting, architecture) == "flax_nnx", entry.name
+
+
+def test_the_cpu_pool_pod_sets_nothing_the_fingerprint_hashes():
+    """Its env is the builders' (store, logs, libtpu's metadata query): an artifact built here fingerprints as a
+    serving pod computes it."""
+    matrix, _ = cpu_pool_matrix()
+    [container] = cpu_pool_job()["spec"]["template"]["spec"]["containers"]
+    hashed = {var for entry in load_matrix(matrix, check_stack=False).entries for var in entry.backend.env_vars}
+    assert {e["name"] for e in container["env"]} & hashed == set()
