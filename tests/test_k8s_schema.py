@@ -291,6 +291,12 @@ def cpu_pool_build_lines(index: int) -> list:
             if line.argv[1] == "build"]
 
 
+def test_the_cpu_pool_job_builds_verifies_then_publishes_and_serves_nothing():
+    """A keys-only verify before each publish; no canary, which would serve traffic on a TPU this pool lacks."""
+    lines = recipe_command_lines(CPU_POOL_JOB, [cpu_pool_job()], {"JOB_COMPLETION_INDEX": "0"})
+    assert [line.argv[1] for line in lines] == ["build", "verify", "publish"]
+
+
 def test_the_cpu_pool_job_mounts_the_matrix_its_header_names():
     _, configmap = cpu_pool_matrix()
     pod = cpu_pool_job()["spec"]["template"]["spec"]
