@@ -99,7 +99,7 @@ bench: env env-jax
 	$(BIN)/python bench/bench_publish.py
 	$(BIN)/python bench/bench_build.py --jobs-scaling
 	$(BIN)/python bench/bench_startup.py
-	$(BIN)/python bench/bench_tpu_target.py
+	$(BIN)/python bench/bench_tpu_target.py --real configs/real-size-jax-tpu.yaml
 
 lock:
 	$(UV) pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_31 --generate-hashes -q -o requirements/core.lock

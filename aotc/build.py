@@ -24,6 +24,7 @@ from aotc import __version__
 from aotc.errors import BadInput
 from aotc.fingerprint import Fingerprint, fingerprint_entry, pin_kv, require_pinned
 from aotc.runners.spec import runner_python
+from aotc.runners.tpu_host import compiles_without_running
 from aotc.manifest import CACHE_DIR_NAME, RUNTIME, FileRecord, GraphRecord, Manifest
 from aotc.matrix import Entry, Matrix
 from aotc.graphs import BuildPlan, GraphSpec
@@ -177,7 +178,7 @@ def build_entry(plan: BuildPlan, out: Path, options: BuildOptions = BuildOptions
                                                        start)):
         events.finished(taken)
         return taken
-    events.started(entry.name, len(plan.graphs))
+    events.started(entry.name, len(plan.graphs), sweep=not compiles_without_running(entry.device))
     planned_families = plan.families()
     loads = entry.backend.cache_loads
     try:
@@ -387,7 +388,7 @@ class BuildEvents:
     """Callbacks as an entry starts, finishes each graph family and ends; the library only calls them (the
     CLI passes one that prints, aotc/render.py: BuildProgressLines). The default says nothing."""
 
-    def started(self, name: str, planned: int) -> None:
+    def started(self, name: str, planned: int, sweep: bool = True) -> None:
         pass
 
     def family(self, name: str, family: str, seconds: float) -> None:

@@ -82,8 +82,9 @@ class BuildProgressLines:
     """``aotc build``'s progress (aotc/build.py: BuildEvents): plain lines on stderr, readable in CI logs too;
     the runner's own log goes to a file."""
 
-    def started(self, name: str, planned: int) -> None:
-        print(f"aotc build: {name}: compiling {planned} planned graphs + traffic sweep", file=sys.stderr, flush=True)
+    def started(self, name: str, planned: int, sweep: bool = True) -> None:
+        then = "+ traffic sweep" if sweep else "for its TPU, compile-only (no traffic sweep: this host has no TPU to run it)"
+        print(f"aotc build: {name}: compiling {planned} planned graphs {then}", file=sys.stderr, flush=True)
 
     def family(self, name: str, family: str, seconds: float) -> None:
         print(f"aotc build: {name}: {family} compiled in {seconds:.1f}s", file=sys.stderr, flush=True)

@@ -5,7 +5,8 @@ as a user runs it, from scratch (a fresh AOTC_HOME: KV sizing included, nothing 
 `--rounds`. Reported per build: process wall, planned graphs, graphs per minute, peak RSS of the largest process
 (the runner: `ru_maxrss` of the waited-for children), XLA compile seconds per graph family; then the ratio
 TPU / twin of the walls. `--real CONFIG` adds a TPU-only build of a real-size entry (its config only, abstract
-weights), e.g. configs/models/qwen3-8b on a v6e-4. Figures from one run; nothing here is a pass/fail test.
+weights), e.g. configs/real-size-jax-tpu.yaml (Qwen3-8B on a v6e-1; make bench passes it). Figures from one run;
+nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_tpu_target.py [--rounds 2] [--real CONFIG]
 """

@@ -9,6 +9,7 @@ on a TPU host of that topology shows."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,16 @@ def test_hbm_in_use_counts_every_array_held_on_the_device_equal_ones_too(facts):
     assert facts["held_bytes"] == 3 * facts["one_weight_bytes"]
 
 
+def test_the_stacks_host_side_dummy_weights_are_never_made_on_the_host(facts):
+    """tpu-inference makes each dummy weight on the host (jax.random under its CPU mesh) before placing it: a
+    real-size model would need its whole size in host RAM. Under a TPU target the weight is abstract there and
+    counts on the device it is placed on, so the stack's KV sizing still subtracts it."""
+    weight = facts["host_weight"]
+    assert weight["type"] == weight["placed_type"] == "AbstractArray", weight
+    assert weight["host_growth"] < weight["bytes"] // 4, weight
+    assert weight["held_growth"] == weight["bytes"], weight
+
+
 def test_the_twin_and_a_tpu_target_never_share_a_process(facts):
     """A TPU graph must never hold one of the twin's stand-ins: each refuses where the other is on."""
     assert "CPU twin" in facts["twin_flag_refusal"]
@@ -93,13 +104,38 @@ def test_the_twin_and_a_tpu_target_never_share_a_process(facts):
 
 
 @pytest.fixture(scope="module")
-def artifact(jax_env, tmp_path_factory) -> Path:
+def build(jax_env, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("tpu-artifacts")
     proc = aotc(jax_env, "build", DEMO, "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)["entries"][0]
     assert report["ok"] and report["graphs_with_keys"] == report["planned"] == len(PLAN.graphs), report
-    return out / ENTRY
+    return out / ENTRY, proc
+
+
+@pytest.fixture(scope="module")
+def artifact(build) -> Path:
+    return build[0]
+
+
+@pytest.mark.slow
+def test_the_build_says_it_compiles_for_the_tpu_and_runs_no_traffic(build):
+    progress = [line for line in build[1].stderr.splitlines() if line.startswith(f"aotc build: {ENTRY}: compiling")]
+    assert progress == [f"aotc build: {ENTRY}: compiling {len(PLAN.graphs)} planned graphs for its TPU, compile-only "
+                        "(no traffic sweep: this host has no TPU to run it)"], progress
+
+
+@pytest.mark.slow
+def test_each_familys_progress_line_covers_its_compiles(build, manifest):
+    """A family's line comes when it has compiled, with the wall around its compiles: the backbone, which the stack's
+    AOT pass skips and its warm-up compiles, once said 0.0 s there."""
+    said: dict[str, float] = {}
+    for family, seconds in re.findall(rf"aotc build: {re.escape(ENTRY)}: (\w+) compiled in ([\d.]+)s", build[1].stderr):
+        said[family] = said.get(family, 0.0) + float(seconds) + 0.05  # each line rounds to 0.1 s
+    assert set(said) == set(PLAN.families()), said
+    for family in PLAN.families():
+        compiled = sum(g["compile_seconds"] for g in manifest["graphs"] if g["family"] == family)
+        assert said[family] >= compiled > 0, (family, said[family], compiled)
 
 
 @pytest.fixture(scope="module")

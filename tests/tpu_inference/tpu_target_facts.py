@@ -107,6 +107,23 @@ def keys_of_a_call_and_of_the_stacks_lowering() -> tuple[list[str], list[str]]:
     return keys[0], keys[1]
 
 
+def host_weight_made_under_the_stacks_cpu_mesh(device) -> dict:
+    """A 1 GiB dummy weight made as tpu-inference's dummy loader makes each one (jax.random.uniform under its
+    cpu_mesh_context), then placed on the target device: the host's peak RSS before and after, and what is held."""
+    import resource
+
+    from tpu_inference.layers.common.utils import cpu_mesh_context
+
+    shape, before_held = (8192, 65536), compile_only.held_bytes(device)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with cpu_mesh_context():
+        weight = jax.random.uniform(jax.random.PRNGKey(0), shape, jax.numpy.bfloat16, minval=-1e-3, maxval=1e-3)
+    placed = jax.device_put(weight, device)
+    return {"bytes": int(np.prod(shape)) * 2, "type": type(weight).__name__,
+            "host_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak_before,
+            "held_growth": compile_only.held_bytes(device) - before_held, "placed_type": type(placed).__name__}
+
+
 def refusal(action) -> str | None:
     try:
         action()
@@ -145,4 +162,5 @@ facts["call_keys"], facts["lowered_keys"] = keys_of_a_call_and_of_the_stacks_low
 device = jax.devices()[0]
 weights = [jax.device_put(np.zeros((256, 1024), np.float32), device) for _ in range(3)]  # three equal layers
 facts["held_bytes"], facts["one_weight_bytes"] = compile_only.held_bytes(device), 256 * 1024 * 4
+facts["host_weight"] = host_weight_made_under_the_stacks_cpu_mesh(device)
 print(json.dumps(facts))

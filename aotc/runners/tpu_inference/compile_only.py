@@ -12,7 +12,11 @@ Nothing of the stack is replaced. What changes is JAX's answer to three question
   the same way; so the model's weights, the KV cache and the warm-up's dummy inputs exist only as shapes,
   and a real-size model builds in a CPU host's memory;
 * how much HBM is used: the bytes of the abstract arrays held on each device (the weights, once loaded),
-  against the stack's own per-device HBM limit, so the stack's KV sizing runs as on the pod.
+  against the stack's own per-device HBM limit, so the stack's KV sizing runs as on the pod;
+* what the stack's host-side weight work gives: under its CPU mesh (``cpu_mesh_context``, where it makes
+  dummy weights and reshapes checkpoint tensors before placing them), a jitted call whose outputs are weight-sized
+  (or whose inputs are abstract) returns abstract arrays on the CPU without compiling, so a real-size model's weights are never made on the host either (measured:
+  Qwen3-8B's eager dummy weights took the build past 21 GB of RSS).
 
 The persistent cache stays off for the CPU client: the artifact holds the TPU executables only.
 A graph that needs a value (a sampled token) cannot run: a compile-only build stops at the stack's
@@ -32,6 +36,8 @@ from .twin import installed as twin_installed
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
 
 _installed: dict[str, Any] = {}
+# under the stack's CPU mesh, outputs of at least this size stay abstract (a weight); smaller ones are computed
+HOST_VALUE_BYTES = 1 << 20
 # what each compile for the target reports (the probe's current window takes it); set by the session
 on_target_compile: list[Callable[[Any], None]] = []
 
@@ -59,7 +65,8 @@ def install(devices: list[Any]) -> None:
     # 36 layers' equal weights once (measured: a real 8B model's KV sizing then left the weights out)
     _installed.update(devices=tuple(devices), device_set=frozenset(devices), held=weakref.WeakValueDictionary(),
                       lock=threading.Lock(), run_pjit=pjit._run_python_pjit,
-                      device_put=dispatch._batched_device_put_impl, all_devices=jax.devices)
+                      device_put=dispatch._batched_device_put_impl, all_devices=jax.devices,
+                      host_sharding=jax.sharding.SingleDeviceSharding(cpu_devices[0]))
     jax.config.update("jax_default_device", cpu_devices[0])
     _list_target_devices(jax)
     array = _installed["array"] = _abstract_array_class()
@@ -150,13 +157,21 @@ def _is_abstract(value: Any) -> bool:
 def _run_jit(p, args_flat, fun, args, kwargs):
     """pjit's ``_run_python_pjit`` (one jitted call with its inference done): run it where it can run, else
     compile it as the call would and answer with abstract outputs."""
+    from jax._src import core, tree_util
+
+    if any(isinstance(arg, core.Tracer) for arg in args_flat):  # a call inside a trace: part of a graph
+        return _installed["run_pjit"](p, args_flat, fun, args, kwargs)
+    if _in_host_weight_work() and (any(map(_is_abstract, args_flat)) or _weight_sized(p.params["jaxpr"].out_avals)):
+        out_flat = [abstract(aval, _installed["host_sharding"]) for aval in p.params["jaxpr"].out_avals]
+        return (tree_util.tree_unflatten(p.out_tree, out_flat), out_flat, p.out_tree, args_flat, p.params["jaxpr"],
+                None, None, [])
     if not any(map(_is_abstract, args_flat)):
         try:
             return _installed["run_pjit"](p, args_flat, fun, args, kwargs)
         except AttributeError as exc:  # compiled for the target's devices, which cannot run it
             if "local_devices" not in str(exc):
                 raise
-    from jax._src import pjit, tree_util
+    from jax._src import pjit
     from jax._src.interpreters import mlir
 
     params = p.params
@@ -173,6 +188,21 @@ def _run_jit(p, args_flat, fun, args, kwargs):
                 for aval, sharding in zip(params["jaxpr"].out_avals, compiled._out_shardings)]
     return (tree_util.tree_unflatten(p.out_tree, out_flat), out_flat, p.out_tree, args_flat, params["jaxpr"],
             None, None, [])
+
+
+def _in_host_weight_work() -> bool:
+    """The stack's CPU mesh is this thread's mesh: weights are being made or reshaped on the host, to be placed on
+    the devices next. Nothing there needs a value in a build (dummy weights), so nothing there is computed."""
+    from jax._src import mesh
+
+    current = mesh.get_concrete_mesh()
+    return bool(current is not None and not current.empty
+                and all(device.platform == "cpu" for device in current.devices.flat))
+
+
+def _weight_sized(avals) -> bool:
+    """Outputs too large to be a seed or a scalar the stack reads back (a PRNG key is computed, a weight is not)."""
+    return sum(math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 0) for aval in avals) >= HOST_VALUE_BYTES
 
 
 def _device_put(*xs, devices, srcs, copy_semantics, dst_avals=None):

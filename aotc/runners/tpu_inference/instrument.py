@@ -101,12 +101,15 @@ def _measured_compilation(probe: Probe, run_compilation):
         _pin_pool(probe, self)
         with probe.window("call", family, shape), named_on_failure(family, shape):
             result = run_compilation(self, name, fn, *args, **kwargs)
-        PROGRESS.call(family, time.perf_counter() - started)
-        if len(self._warmup_tasks) > queued:
-            # The warm-up pass compiles what AOT lowering skipped (e.g. the backbone, not a jit).
+        seconds = time.perf_counter() - started
+        if len(self._warmup_tasks) == queued:
+            PROGRESS.call(family, seconds)
+        else:
+            # The warm-up pass compiles what AOT lowering skipped (e.g. the backbone, not a jit): the call is said
+            # when it has compiled there, with this pass's seconds.
             task_name, task_fn, task_args, task_kwargs, handler = self._warmup_tasks[-1]
             self._warmup_tasks[-1] = (task_name, task_fn, task_args, task_kwargs,
-                                      _in_window(probe, family, shape, handler))
+                                      _in_window(probe, family, shape, handler, seconds))
         return result
 
     return measured
@@ -140,10 +143,13 @@ def _pin_pool(probe: Probe, manager) -> None:
     pool.submit, pool._aotc_pinned = pinned_submit, True
 
 
-def _in_window(probe: Probe, family: str, shape: dict[str, Any], handler):
+def _in_window(probe: Probe, family: str, shape: dict[str, Any], handler, aot_seconds: float):
     def warmup(fn, args, call_kwargs):
+        started = time.perf_counter() - aot_seconds
         with probe.window("call", family, shape), named_on_failure(family, shape):
-            return handler(fn, args, call_kwargs) if handler is not None else fn(*args, **call_kwargs)
+            result = handler(fn, args, call_kwargs) if handler is not None else fn(*args, **call_kwargs)
+        PROGRESS.call(family, time.perf_counter() - started)
+        return result
 
     return warmup
 
