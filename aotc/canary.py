@@ -38,7 +38,7 @@ from aotc.canary_lora import RUNTIME_ADAPTER, RUNTIME_LORA_ENV, Adapters, canary
 from aotc.canary_metrics import guard_series, prefix_cache_counters, scrape_metrics
 from aotc.canary_requests import RequestLimits, plan_requests, unserved_options
 from aotc.canary_send import send_kinds
-from aotc.canary_verdict import CanaryResult, Snapshot, name_graphs, phase
+from aotc.canary_verdict import CanaryResult, Snapshot, name_graphs, phase_between
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, hf_config, load_matrix
@@ -58,7 +58,7 @@ def run_canary(config: str, entry_name: str, store: str | None = None, requests:
         if adapters.runtime:
             command.env[RUNTIME_LORA_ENV] = "1"
         log(f"fetch {entry.name} into {cache}")
-        manifest = fetch(config, entry.name, store, cache, command)
+        manifest = fetch_as_init_container(config, entry.name, store, cache, command)
         result = CanaryResult(entry=entry.name, runner=entry.runner, fingerprint=manifest.fingerprint,
                               loadable=manifest.verify.loadable if manifest.verify else None)
         run_server(entry, command, cache, work, manifest, result, requests, seed, log, adapters)
@@ -80,12 +80,14 @@ def _work_dir(keep: str | None):
         yield Path(tmp)
 
 
-def fetch(config: str, entry: str, store: str | None, dest: Path, command: ServerCommand) -> Manifest:
+def fetch_as_init_container(config: str, entry_name: str, store: str | None, dest: Path,
+                            command: ServerCommand) -> Manifest:
     """The init container: ``aotc fetch`` as its own process, with the pod's environment (the fingerprint's
     flags and runner variables are the server's)."""
     from aotc.errors import AotcError, IntegrityError, NotFoundInStore
 
-    argv = [sys.executable, "-m", "aotc.cli", "fetch", "--config", config, "--entry", entry, "--dest", str(dest)]
+    argv = [sys.executable, "-m", "aotc.cli", "fetch", "--config", config, "--entry", entry_name,
+            "--dest", str(dest)]
     if store:
         argv += ["--store", store]
     proc = subprocess.run(argv, capture_output=True, text=True, env={**command.process_env(), "AOTC_NO_PROGRESS": "1"})
@@ -139,7 +141,7 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         server.stop()
     after = Snapshot.of(cache)
     text = server_log.read_text(errors="replace")
-    result.startup = phase(before, at_ready, text[:ready_offset], cache_log)
-    result.serving = phase(at_ready, after, text[ready_offset:], cache_log)
+    result.startup = phase_between(before, at_ready, text[:ready_offset], cache_log)
+    result.serving = phase_between(at_ready, after, text[ready_offset:], cache_log)
     if result.unexplained_failures or result.problems:
         result.failures.append(f"server log tail:\n{server.tail(15)}")

@@ -51,16 +51,17 @@ def send_kinds(url: str, planned: list[Planned], models: tuple[str, ...],
     """Every kind at once, each kind's bodies at once (a ``first_alone`` kind's first body ahead of the rest).
     A body that names no model names ``models[i % len(models)]``, i counting over all kinds' bodies, so base
     model and adapters mix across kinds."""
-    named, i = [], 0
+    bodies_by_kind, i = [], 0
     for p in planned:
         bodies = []
         for body in p.bodies:
             bodies.append({"model": models[i % len(models)], **body})
             i += 1
-        named.append(bodies)
+        bodies_by_kind.append(bodies)
     structured = threading.Lock()
     with concurrent.futures.ThreadPoolExecutor(max(1, len(planned))) as pool:
-        outcomes = list(pool.map(lambda p, bodies: send_kind(url, p, bodies, timeout, structured), planned, named))
+        outcomes = list(pool.map(lambda p, bodies: send_kind(url, p, bodies, timeout, structured), planned,
+                                 bodies_by_kind))
     return {p.kind.name: outcome for p, outcome in zip(planned, outcomes)}
 
 

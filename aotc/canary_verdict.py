@@ -134,7 +134,7 @@ class CanaryResult:
         return data
 
 
-def phase(before: Snapshot, after: Snapshot, log_text: str, cache_log: dict[str, Any]) -> Phase:
+def phase_between(before: Snapshot, after: Snapshot, log_text: str, cache_log: dict[str, Any]) -> Phase:
     p = Phase(new_files=[cache_key(f) for f in after.new_since(before)],
               rewritten_files=[cache_key(f) for f in after.rewritten_since(before)])
     if cache_log.get("hit"):

@@ -21,7 +21,7 @@ from aotc.errors import DeadlineExceeded
 from aotc.fetch_dest import Staging, prepare_dest, real_dest, recover_interrupted_swap, remove_staging
 from aotc.fetch_download import CHUNK_SIZE, DEFAULT_WORKERS, Download, LazyStore
 from aotc.fetch_manifest import cached_manifest, resolve_manifest
-from aotc.fetch_node_cache import ThroughNodeCache, lock_stall, make_room, settle
+from aotc.fetch_node_cache import ThroughNodeCache, lock_stall_for, make_room, settle
 from aotc.files import write_new
 from aotc.manifest import MANIFEST_NAME, Manifest
 from aotc.store import Meter, Store
@@ -106,9 +106,9 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
             settle(cache, manifest if placed and still_usable else None, keep)
     return FetchResult(store=store.url if store else url, entry=manifest.entry, fingerprint=manifest.fingerprint, dest=dest,
                        files=len(manifest.files), size=manifest.total_size,
-                       objects=len({f.sha256 for f in manifest.files}), retried_objects=download.retried,
-                       seconds=time.monotonic() - started, downloaded_size=download.downloaded,
-                       cached_objects=download.cached, cache_dir=cache.root if cache else None)
+                       objects=len({f.sha256 for f in manifest.files}), retried_objects=download.retried_objects,
+                       seconds=time.monotonic() - started, downloaded_size=download.downloaded_size,
+                       cached_objects=download.cached_objects, cache_dir=cache.root if cache else None)
 
 
 def new_download(store: Store, manifest: Manifest, root: str, meter: Meter, options: FetchOptions,
@@ -117,7 +117,7 @@ def new_download(store: Store, manifest: Manifest, root: str, meter: Meter, opti
     if cache is None:
         return Download(store, manifest, root, meter, options.workers, options.chunk_size)
     return ThroughNodeCache(store, manifest, root, meter, options.workers, options.chunk_size, cache, cancel,
-                            lock_stall(options.deadline))
+                            lock_stall_for(options.deadline))
 
 
 def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None = None,

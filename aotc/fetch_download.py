@@ -45,12 +45,12 @@ class LazyStore:
         return getattr(self._store, name)
 
 
-class Retry(Exception):
+class _Retry(Exception):
     """This attempt at an object failed in a way a fresh download may fix."""
 
 
 @dataclass
-class Object:
+class StoreObject:
     sha256: str
     size: int
     paths: list[str]  # the first is downloaded (or linked from the cache), the others are copies
@@ -68,7 +68,7 @@ class Download:
         self.store, self.manifest, self.root, self.meter = store, manifest, root, meter
         self.workers, self.chunk = max(1, workers), max(1 << 20, chunk)
         self.ahead = self.workers  # chunk reads one object may run ahead of its writer
-        self.retried = self.cached = self.downloaded = 0
+        self.retried_objects = self.cached_objects = self.downloaded_size = 0
         fs = None if isinstance(store, LazyStore) else store.fs  # lazy: run reads on threads if needed
         self._async = bool(getattr(fs, "async_impl", False)) and not getattr(fs, "asynchronous", False)
 
@@ -84,7 +84,7 @@ class Download:
             else:
                 asyncio.run(self._all(objects))
 
-    def _plan(self) -> list[Object]:
+    def _plan(self) -> list[StoreObject]:
         by_sha: dict[str, list[FileRecord]] = defaultdict(list)
         for f in self.manifest.files:
             by_sha[f.sha256].append(f)
@@ -96,7 +96,7 @@ class Download:
             if records[0].size == 0:
                 self._write_empty(sha, paths)
             else:
-                objects.append(Object(sha, records[0].size, paths))
+                objects.append(StoreObject(sha, records[0].size, paths))
         return sorted(objects, key=lambda o: -o.size)  # the longest first, so none starts last
 
     def _write_empty(self, sha: str, paths: list[str]) -> None:
@@ -106,7 +106,7 @@ class Download:
         for path in paths:
             write_new(path, b"")
 
-    async def _all(self, objects: list[Object]) -> None:
+    async def _all(self, objects: list[StoreObject]) -> None:
         self._gate = asyncio.Semaphore(self.workers)
         self._open = asyncio.Semaphore(OPEN_OBJECTS)
         tasks = [asyncio.ensure_future(self._object(obj)) for obj in objects]
@@ -117,27 +117,27 @@ class Download:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _object(self, obj: Object) -> None:
+    async def _object(self, obj: StoreObject) -> None:
         async with self._open:
             await self._first_copy(obj)
             for extra in obj.paths[1:]:
                 await self._in(self._writers, shutil.copyfile, obj.paths[0], extra)
 
-    async def _first_copy(self, obj: Object) -> None:
+    async def _first_copy(self, obj: StoreObject) -> None:
         """The object at its first path (``ThroughNodeCache`` takes it from the node cache)."""
         await self._download(obj, obj.paths[0])
 
-    async def _download(self, obj: Object, target: str) -> None:
+    async def _download(self, obj: StoreObject, target: str) -> None:
         for attempt in range(1, ATTEMPTS + 1):
             failure = await self._attempt(obj, target)
             if failure is None:
-                self.downloaded += obj.size
+                self.downloaded_size += obj.size
                 return
             if attempt == ATTEMPTS:
                 raise IntegrityError(f"{failure} (after {attempt} attempts)")
-            self.retried += 1
+            self.retried_objects += 1
 
-    async def _attempt(self, obj: Object, target: str) -> str | None:
+    async def _attempt(self, obj: StoreObject, target: str) -> str | None:
         """Download once into ``target``; the reason it must be retried, or None when it verified."""
         try:
             if obj.size <= self.chunk:  # one range: one hop to a writer creates, writes, hashes and closes
@@ -145,7 +145,7 @@ class Download:
                 self.meter.add(obj.size)
             else:
                 digest = await self._stream(obj, target)
-        except Retry as exc:
+        except _Retry as exc:
             return str(exc)
         if digest != obj.sha256:
             self.meter.add(-obj.size)
@@ -153,7 +153,7 @@ class Download:
                     f"sha256 is {digest}, the manifest says {obj.sha256}")
         return None
 
-    async def _stream(self, obj: Object, target: str) -> str:
+    async def _stream(self, obj: StoreObject, target: str) -> str:
         """Ranges read ahead, written and hashed in order on the writer threads: the sha256 written."""
         fd = await self._in(self._writers, _create, target)
         hasher, written = hashlib.sha256(), 0
@@ -170,7 +170,7 @@ class Download:
                 await self._in(self._writers, _write_and_hash, fd, offset, data, hasher)
                 written += len(data)
                 self.meter.add(len(data))
-        except Retry:
+        except _Retry:
             self.meter.add(-written)
             raise
         finally:
@@ -179,7 +179,7 @@ class Download:
             await asyncio.gather(*(p for _, p in ahead), return_exceptions=True)
             os.close(fd)
 
-    async def _read(self, obj: Object, offset: int, n: int) -> bytes:
+    async def _read(self, obj: StoreObject, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n); the last range asks for one byte more, to catch a grown object."""
         path = self.store.object_path(obj.sha256)
         last = offset + n == obj.size
@@ -199,7 +199,7 @@ class Download:
                                  f"than the {obj.size} bytes the manifest says (replaced)")
         if len(data) != n:
             await self._check_size(obj, path)
-            raise Retry(f"{self.store.url_of(path)}: got {len(data)} bytes at offset {offset}, wanted {n}")
+            raise _Retry(f"{self.store.url_of(path)}: got {len(data)} bytes at offset {offset}, wanted {n}")
         return data
 
     async def _range(self, path: str, start: int, end: int) -> bytes:
@@ -207,7 +207,7 @@ class Download:
             return await self.store.fs._cat_file(path, start=start, end=end)
         return await self._in(self._readers, self.store.read, path, start, end)
 
-    async def _check_size(self, obj: Object, path: str) -> None:
+    async def _check_size(self, obj: StoreObject, path: str) -> None:
         """A stored object shorter than the manifest says is an integrity error, not a network one."""
         try:
             if self._async:
@@ -225,7 +225,7 @@ class Download:
     async def _in(pool: ThreadPoolExecutor, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
-    def _name(self, obj: Object) -> str:
+    def _name(self, obj: StoreObject) -> str:
         return os.path.relpath(obj.paths[0], self.root)
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 
 from aotc.errors import DeadlineExceeded, IntegrityError
-from aotc.fetch_download import ATTEMPTS, Download, Object
+from aotc.fetch_download import ATTEMPTS, Download, StoreObject
 from aotc.files import remove_quietly
 from aotc.manifest import Manifest
 from aotc.store import Meter, Store
@@ -26,7 +26,7 @@ LOCK_POLL = (0.002, 0.2)  # first and longest pause between tries of a held node
 logger = logging.getLogger(__name__)
 
 
-def lock_stall(deadline: float | None) -> float:
+def lock_stall_for(deadline: float | None) -> float:
     """How long a node-cache lock's holder may show no progress: a quarter of a deadline at most."""
     return LOCK_STALL if deadline is None else min(LOCK_STALL, deadline / 4)
 
@@ -72,13 +72,13 @@ class ThroughNodeCache(Download):
         self.cancel, self.lock_stall = cancel, lock_stall
         self._warned_bypass = False
 
-    async def _first_copy(self, obj: Object) -> None:
+    async def _first_copy(self, obj: StoreObject) -> None:
         if self.cache is None:
             await self._download(obj, obj.paths[0])
         else:
             await self._through_cache(obj)
 
-    async def _through_cache(self, obj: Object) -> None:
+    async def _through_cache(self, obj: StoreObject) -> None:
         """Copy from the node cache, downloading into it first when it lacks the object (one fetcher
         per node per object: the others wait for its lock and then find it cached). A stuck holder or a
         cache that cannot be written is gone around: the object comes from the store."""
@@ -100,7 +100,7 @@ class ThroughNodeCache(Download):
                 warn_cache_unusable(cache, exc)
         await self._download(obj, obj.paths[0])
 
-    async def _serve_or_fill(self, cache: NodeCache, obj: Object, lock: int) -> None:
+    async def _serve_or_fill(self, cache: NodeCache, obj: StoreObject, lock: int) -> None:
         """Under the object's lock: download it into the cache if it is not there, then link it into
         dest. A sealed object whose link changed nothing else is served as is (a few syscalls, on the
         loop); otherwise what was linked is hashed, and a mismatch removes it and downloads it again."""
@@ -119,14 +119,14 @@ class ThroughNodeCache(Download):
             if (sealed and cache.reseal_after_link(obj.sha256, st, lock)) or \
                     await self._in(self._writers, cache.verify_linked, obj.sha256, obj.size, obj.paths[0], lock):
                 if not filled:
-                    self.cached += 1
+                    self.cached_objects += 1
                     self.meter.add(obj.size)
                 return
             cache.discard(obj.sha256)
         raise IntegrityError(f"node cache {cache.root}: object {obj.sha256} ({self._name(obj)}) keeps changing "
                              f"after it is placed (after {ATTEMPTS} attempts)")
 
-    async def _fill(self, cache: NodeCache, obj: Object, lock: int) -> None:
+    async def _fill(self, cache: NodeCache, obj: StoreObject, lock: int) -> None:
         """Download into the cache (hashed while it streams), then give it its name."""
         temp = cache.new_temp()
         cache.mark_holder(lock, temp)
@@ -136,7 +136,7 @@ class ThroughNodeCache(Download):
         finally:
             await self._in(self._writers, remove_quietly, temp)
 
-    async def _cache_lock(self, obj: Object) -> int | None:
+    async def _cache_lock(self, obj: StoreObject) -> int | None:
         """The object's node-cache lock, or None: its holder is stuck, so go around the cache. The wait
         polls on the loop (no thread sits in flock), so it ends with the fetch: its error or deadline."""
         cache = self.cache
@@ -159,7 +159,7 @@ class ThroughNodeCache(Download):
             lock = cache.try_lock(obj.sha256)
         return lock
 
-    def _warn_bypass(self, obj: Object, why: str) -> None:
+    def _warn_bypass(self, obj: StoreObject, why: str) -> None:
         if not self._warned_bypass:  # once per fetch: a stuck fetcher may hold many locks
             self._warned_bypass = True
             logger.warning("node cache: the lock on %s (%s) is held and %s; downloading it directly",
