@@ -1,4 +1,5 @@
-"""What users send a stock ``vllm serve``, as named request kinds for the canary (aotc/canary.py).
+"""What users send a stock ``vllm serve``, as named request kinds for the canary (aotc/canary.py),
+and the request options a stock server cannot serve for an entry (``unserved_options``).
 
 Each kind is plain data: a name, the OpenAI endpoint, the request options it exercises and a body builder
 sized from the entry's limits (max_model_len, max_num_batched_tokens, max_num_seqs, the model's vocabulary,
@@ -18,6 +19,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from aotc.matrix import Entry, hf_config
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -284,3 +287,32 @@ def plan_requests(limits: RequestLimits, seed: int = 0, unserved: dict[str, str]
         bodies = () if why else tuple(kind.build(limits, random.Random(f"{seed}:{kind.name}")))
         planned.append(Planned(kind, bodies, why))
     return planned
+
+
+# With speculative decoding: what vLLM's front end refuses (HTTP 400: "The min_p and logit_bias sampling
+# parameters are not yet supported with speculative decoding"), and sampled-token logprobs, which at times carry a
+# negative token id that kills the API server's output handler (every request in flight fails with HTTP 500),
+# and what tpu-inference's runner cannot do with draft tokens and raises on inside the engine core (the server
+# dies): prompt logprobs, and a structured-output bitmask (one row per request) against the logits (one row per
+# draft token too).
+SPECULATIVE_UNSERVED = {
+    "min_p": "vLLM refuses min_p with speculative decoding",
+    "logprobs": "with speculative decoding the stack's logprobs at times hold a negative token id, and the API "
+                "server's output handler dies detokenizing it (OverflowError; every request in flight fails)",
+    "prompt_logprobs": "tpu-inference 0.32 raises 'prompt_logprobs is not supported with speculative decoding' in "
+                       "the engine core's step (TPUModelRunner._execute_model), which kills the server",
+    **dict.fromkeys(("structured_outputs", "response_format"),
+                    "tpu-inference 0.32 applies the grammar bitmask (a row per request) to logits with a row per "
+                    "draft token too (StructuredDecodingManager: incompatible shapes), which kills the server"),
+}
+
+
+def unserved_options(entry: Entry) -> dict[str, str]:
+    """Request options the stock server cannot serve for this entry: the stack's (RunnerSpec.unserved), and
+    with speculative decoding vLLM's own refusals, with images the stack's multimodal ones."""
+    unserved = dict(entry.backend.unserved)
+    if entry.engine.get("speculative_config"):
+        unserved.update(SPECULATIVE_UNSERVED)
+    if entry.backend.traffic_images(entry, hf_config(entry)):
+        unserved.update(entry.backend.unserved_with_images)
+    return unserved

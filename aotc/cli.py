@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aotc.processes import exit_now, interrupted_exit_code, sigterm_raises
-from aotc.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, CheckFailed, NotFoundInStore
+from aotc.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_NOT_FOUND, AotcError, CheckFailed, DeadlineExceeded,
+                         NotFoundInStore)
 
 ENV_GC_MIN_AGE = "AOTC_GC_MIN_AGE_SECONDS"
 ENV_REQUIRE = "AOTC_REQUIRE"  # fetch --optional: "1" turns a missing artifact back into exit 3
@@ -121,7 +122,7 @@ def cmd_publish(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace, out: Output) -> int:
-    from aotc.fetch import DEFAULT_OPTIONAL_DEADLINE, DeadlineExceeded, FetchOptions, fetch_artifact, fetch_before
+    from aotc.fetch import DEFAULT_OPTIONAL_DEADLINE, FetchOptions, fetch_artifact, fetch_before
     from aotc.render import progress_bar, render_fetch
     from aotc.store import resolve_store_url, unreachable
 

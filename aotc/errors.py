@@ -39,6 +39,10 @@ class NotFoundInStore(AotcError, FileNotFoundError):
     exit_code = EXIT_NOT_FOUND
 
 
+class DeadlineExceeded(NotFoundInStore):
+    """The store did not deliver in time: for a pod, the same as nothing being published (exit 3)."""
+
+
 class IntegrityError(AotcError, OSError):
     """Checksum mismatch, truncated object, unsafe path in a manifest."""
 

@@ -14,7 +14,7 @@ from aotc.files import human_size
 
 if TYPE_CHECKING:
     from aotc.build import BuildReport, EntryBuild
-    from aotc.canary import CanaryResult
+    from aotc.canary_verdict import CanaryResult
     from aotc.fingerprint import Fingerprint
     from aotc.graphs import BuildPlan, GraphSpec
     from aotc.verify import VerifyReport

@@ -47,7 +47,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aotc.fetch import CHUNK_SIZE, DEFAULT_WORKERS, FetchOptions, fetch_artifact  # noqa: E402
+from aotc.fetch import FetchOptions, fetch_artifact  # noqa: E402
+from aotc.fetch_download import CHUNK_SIZE, DEFAULT_WORKERS  # noqa: E402
 from aotc.manifest import Manifest  # noqa: E402
 from aotc.publish import publish_artifacts  # noqa: E402
 from aotc.store import Store  # noqa: E402
@@ -147,7 +148,7 @@ def timed(label: str, fn, harness: list[int], prepare=None) -> Run:
 @contextmanager
 def sha256_switched_off():
     """Measurement only, never in aotc: what verifying costs, by the same fetch with a no-op digest."""
-    import aotc.fetch as fetch_module
+    import aotc.fetch_download as fetch_module
 
     class AnyDigest(str):
         def __ne__(self, other: object) -> bool:

@@ -11,7 +11,7 @@ import re
 import jsonschema
 import pytest
 
-from aotc.canary import error_message, stream_problem
+from aotc.canary_send import error_message, stream_problem
 from aotc.canary_requests import (CHAT, CHOICES, COMPLETIONS, FIRST_PLAIN_ID, JSON_SCHEMA, KINDS, REGEX,
                                   RequestLimits, _images, plan_requests)
 from aotc.matrix import load_matrix

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aotc.canary import CanaryResult, Phase, Snapshot, name_graphs
+from aotc.canary_verdict import CanaryResult, Phase, Snapshot, name_graphs
 from aotc.manifest import GraphRecord, Manifest
 
 

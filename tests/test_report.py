@@ -164,7 +164,7 @@ def test_ci_uploads_the_reports_beside_the_publish_outputs():
 
 def test_a_canary_saved_beside_the_artifact_is_its_canary_and_another_fingerprints_is_not(tmp_path):
     """What `make build-cache` leaves: ``aotc canary --json > <artifact dir>.canary.json``."""
-    from aotc.canary import CanaryResult
+    from aotc.canary_verdict import CanaryResult
     from aotc.manifest import Manifest
     from aotc.report import build_report
 

@@ -147,9 +147,8 @@ LACKING = {NGRAM: {"lora", "images"}, EAGLE3: {"lora", "images"}, MTP: {"lora", 
 
 
 def speculative_unserved_kinds() -> set[str]:
-    """The kinds using an option the stack cannot serve with draft tokens (aotc/canary.py)."""
-    from aotc.canary import SPECULATIVE_UNSERVED
-    from aotc.canary_requests import KINDS
+    """The kinds using an option the stack cannot serve with draft tokens (aotc/canary_requests.py)."""
+    from aotc.canary_requests import KINDS, SPECULATIVE_UNSERVED
 
     return {kind.name for kind in KINDS if set(kind.options) & set(SPECULATIVE_UNSERVED)}
 
