@@ -159,28 +159,3 @@ def verify(build_run: RunnerRun, workdir: Path, cache_dir: Path | None = None,
     request = {**build_run.request, "cache_dir": str(cache_dir or build_run.request["cache_dir"]),
                "traffic": traffic, "seed": seed}
     return run_runner("verify", request, workdir)
-
-
-def cache_files(cache_dir: Path) -> dict[str, tuple[int, int]]:
-    return {p.relative_to(cache_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in cache_dir.rglob("*") if p.is_file()}
-
-
-@pytest.fixture(scope="session")
-def demo_build(tmp_path_factory) -> RunnerRun:
-    run = build(demo_entry(), tmp_path_factory.mktemp("demo-build"))
-    assert run.returncode == 0, f"demo build failed: {run.result.get('error')} (log: {run.log})"
-    return run
-
-
-# A seed the build (seed 0) did not use, and more requests than the build sent.
-VERIFY_SEED, VERIFY_TRAFFIC = 1234, 48
-
-
-@pytest.fixture(scope="session")
-def demo_verify(demo_build, tmp_path_factory) -> tuple[RunnerRun, dict, dict]:
-    """(verify run, artifact files before, artifact files after)."""
-    cache = Path(demo_build.request["cache_dir"])
-    before = cache_files(cache)
-    run = verify(demo_build, tmp_path_factory.mktemp("demo-verify"), traffic=VERIFY_TRAFFIC, seed=VERIFY_SEED)
-    return run, before, cache_files(cache)
