@@ -1,11 +1,9 @@
 import fcntl
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,58 +54,6 @@ def shared_across_workers(tmp_path_factory, name: str) -> Iterator[Path]:
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield directory
-
-
-DEMO = CONFIGS / "demo.yaml"
-DEMO_ENTRY = "tiny-llama--len128-seqs8-tok64-tp1"
-# The demo build's traffic (enough for the sweep to reach the mixed greedy+random sampler), and its verify's:
-# a seed the build (seed 0) did not use, more requests than the build sent.
-DEMO_TRAFFIC, VERIFY_SEED, VERIFY_TRAFFIC = 32, 1234, 48
-
-
-@dataclass(frozen=True)
-class DemoBuild:
-    """configs/demo.yaml built and verified once per run through the real CLI, as `make build-cache` does."""
-    artifact: Path
-    report: dict
-    """`aotc build --json`'s report of the entry."""
-    verify: dict
-    """`aotc verify --json` of the artifact."""
-    cache_before_verify: dict
-    cache_after_verify: dict
-    """Each cache file's (size, mtime_ns) before and after the verify."""
-
-
-def cache_files(cache_dir: Path) -> dict[str, tuple[int, int]]:
-    return {p.relative_to(cache_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in cache_dir.rglob("*") if p.is_file()}
-
-
-def build_and_verify_demo(out: Path) -> dict:
-    built = run_aotc("build", DEMO, "--out", out, "--json", "--traffic", DEMO_TRAFFIC)
-    assert built.returncode == 0, built.stderr[-3000:]
-    artifact = out / DEMO_ENTRY
-    before = cache_files(artifact / "cache")
-    verified = run_aotc("verify", artifact, "--json", "--seed", VERIFY_SEED, "--traffic", VERIFY_TRAFFIC)
-    assert verified.returncode == 0, verified.stderr[-3000:]
-    return {"artifact": str(artifact), "report": json.loads(built.stdout)["entries"][0],
-            "verify": json.loads(verified.stdout), "cache_before_verify": before,
-            "cache_after_verify": cache_files(artifact / "cache")}
-
-
-@pytest.fixture(scope="session")
-def demo_build(tmp_path_factory) -> DemoBuild:
-    """The one demo build of the run, whichever worker asks first; its consumers only read it (a test that
-    damages it works on a copy)."""
-    with shared_across_workers(tmp_path_factory, "demo-build") as shared:
-        record = shared / "demo-build.json"
-        if not record.is_file():
-            record.write_text(json.dumps(build_and_verify_demo(shared / "artifacts")))
-        done = json.loads(record.read_text())
-    done["artifact"] = Path(done["artifact"])
-    done["cache_before_verify"], done["cache_after_verify"] = (
-        {k: tuple(v) for k, v in done[which].items()} for which in ("cache_before_verify", "cache_after_verify"))
-    return DemoBuild(**done)
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,7 @@ from aotc.graphs import BuildPlan, GraphSpec
 from aotc.matrix import load_matrix
 from aotc.runners.protocol import BuildResult
 
-from ..conftest import DEMO, DEMO_ENTRY, VERIFY_SEED, VERIFY_TRAFFIC
-from .conftest import assert_built_as_planned, build, demo_entry
+from .conftest import DEMO, DEMO_NAME, VERIFY_SEED, VERIFY_TRAFFIC, assert_built_as_planned, build, demo_entry
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +31,9 @@ def manifest_graphs(demo_build, family: str) -> list[dict]:
 
 
 def test_demo_build_every_planned_graph_has_keys_and_nothing_unplanned(demo_build):
-    """The run's one demo build (tests/conftest.py), judged by the core as `aotc build` judges it (capture
+    """The run's one demo build (tests/vllm_tpu/conftest.py), judged by the core as `aotc build` judges it (capture
     compiling anything unplanned is a problem); test_e2e.py checks its manifest accounts for every file."""
-    entry = load_matrix(DEMO).entry(DEMO_ENTRY)
+    entry = load_matrix(DEMO).entry(DEMO_NAME)
     assert_built_as_planned(entry, demo_build.report, demo_build.artifact)
     assert all(k.startswith("tp1_rank0/") for g in manifest_graphs(demo_build, "backbone") for k in g["keys"])
 

@@ -9,17 +9,18 @@ import pytest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 
-from .conftest import DEMO, DEMO_ENTRY, VERIFY_TRAFFIC, run_aotc
-from .helpers.browser import Dom, dump_dom, screenshot
+from ..conftest import run_aotc
+from ..helpers.browser import Dom, dump_dom, screenshot
+from .conftest import DEMO, DEMO_NAME, VERIFY_TRAFFIC
 
 pytestmark = pytest.mark.slow
 
-ENTRY = DEMO_ENTRY
+ENTRY = DEMO_NAME
 
 
 @pytest.fixture(scope="module")
 def built(demo_build):
-    """The run's one demo build (tests/conftest.py: demo_build), already verified."""
+    """The run's one demo build (tests/vllm_tpu/conftest.py: demo_build), already verified."""
     report = demo_build.report
     assert report["ok"] and report["planned"] == report["graphs_with_keys"]
     return demo_build.artifact
