@@ -1,6 +1,9 @@
+import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,19 @@ def isolated_default_store(tmp_path_factory):
 @pytest.fixture
 def aotc_cli():
     return run_aotc
+
+
+@contextmanager
+def shared_across_workers(tmp_path_factory, name: str) -> Iterator[Path]:
+    """A directory this run's pytest-xdist workers all see (under the run's basetemp, which each worker's
+    sits in), held under an exclusive lock: the first worker makes what it holds, the others wait and read."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory = root / name
+    directory.mkdir(exist_ok=True)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield directory
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 Builds here are real manifests from ``aotc.build.make_manifest`` over the real plan of demo entries,
 with made-up cache files instead of compiles (tests/helpers/builds.py); the store is a real one,
-filled by ``publish_artifacts``. The report of a real compiled demo build is in tests/test_e2e.py.
+filled by ``publish_artifacts``. The report of a real compiled demo build is in tests/vllm_tpu/test_e2e.py.
 """
 
 from __future__ import annotations

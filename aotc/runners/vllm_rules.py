@@ -4,7 +4,7 @@ end (0.13 for vllm-tpu, 0.32 for tpu-inference; the checks below read the same i
 
 Each rule returns problems as ``"<key>: <reason> (<vLLM rule>)"``, the key relative to the model's block in
 the matrix, so the matrix names file, key and the rule that rejects it. No vLLM import: ``aotc plan`` runs on
-the core's Python; tests/test_matrix_rules.py holds each rule against vLLM's own code over a sweep.
+the core's Python; tests/vllm_tpu/test_matrix_rules.py holds each rule against vLLM's own code over a sweep.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from ..conftest import CONFIGS, run_aotc, shared_across_workers
+
 REPO = Path(__file__).resolve().parents[2]
 TINY_LLAMA = REPO / "configs" / "models" / "tiny-llama"
 RUNNER_TIMEOUT = 900
@@ -161,26 +163,53 @@ def verify(build_run: RunnerRun, workdir: Path, cache_dir: Path | None = None,
     return run_runner("verify", request, workdir)
 
 
+DEMO = CONFIGS / "demo.yaml"  # what `make build-cache` builds and tests/vllm_tpu/test_e2e.py runs through the CLI
+DEMO_NAME = "tiny-llama--len128-seqs8-tok64-tp1"
+# The demo build's traffic (enough for the sweep to reach the mixed greedy+random sampler), and its verify's:
+# a seed the build (seed 0) did not use, more requests than the build sent.
+DEMO_TRAFFIC, VERIFY_SEED, VERIFY_TRAFFIC = 32, 1234, 48
+
+
+@dataclass(frozen=True)
+class DemoBuild:
+    """configs/demo.yaml built and verified once per run through the real CLI, as `make build-cache` does."""
+    artifact: Path
+    report: dict
+    """`aotc build --json`'s report of the entry."""
+    verify: dict
+    """`aotc verify --json` of the artifact."""
+    cache_before_verify: dict
+    cache_after_verify: dict
+    """Each cache file's (size, mtime_ns) before and after the verify."""
+
+
 def cache_files(cache_dir: Path) -> dict[str, tuple[int, int]]:
     return {p.relative_to(cache_dir).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in cache_dir.rglob("*") if p.is_file()}
 
 
+def build_and_verify_demo(out: Path) -> dict:
+    built = run_aotc("build", DEMO, "--out", out, "--json", "--traffic", DEMO_TRAFFIC)
+    assert built.returncode == 0, built.stderr[-3000:]
+    artifact = out / DEMO_NAME
+    before = cache_files(artifact / "cache")
+    verified = run_aotc("verify", artifact, "--json", "--seed", VERIFY_SEED, "--traffic", VERIFY_TRAFFIC)
+    assert verified.returncode == 0, verified.stderr[-3000:]
+    return {"artifact": str(artifact), "report": json.loads(built.stdout)["entries"][0],
+            "verify": json.loads(verified.stdout), "cache_before_verify": before,
+            "cache_after_verify": cache_files(artifact / "cache")}
+
+
 @pytest.fixture(scope="session")
-def demo_build(tmp_path_factory) -> RunnerRun:
-    run = build(demo_entry(), tmp_path_factory.mktemp("demo-build"))
-    assert run.returncode == 0, f"demo build failed: {run.result.get('error')} (log: {run.log})"
-    return run
-
-
-# A seed the build (seed 0) did not use, and more requests than the build sent.
-VERIFY_SEED, VERIFY_TRAFFIC = 1234, 48
-
-
-@pytest.fixture(scope="session")
-def demo_verify(demo_build, tmp_path_factory) -> tuple[RunnerRun, dict, dict]:
-    """(verify run, artifact files before, artifact files after)."""
-    cache = Path(demo_build.request["cache_dir"])
-    before = cache_files(cache)
-    run = verify(demo_build, tmp_path_factory.mktemp("demo-verify"), traffic=VERIFY_TRAFFIC, seed=VERIFY_SEED)
-    return run, before, cache_files(cache)
+def demo_build(tmp_path_factory) -> DemoBuild:
+    """The one demo build of the run, whichever worker asks first; its consumers only read it (a test that
+    damages it works on a copy)."""
+    with shared_across_workers(tmp_path_factory, "demo-build") as shared:
+        record = shared / "demo-build.json"
+        if not record.is_file():
+            record.write_text(json.dumps(build_and_verify_demo(shared / "artifacts")))
+        done = json.loads(record.read_text())
+    done["artifact"] = Path(done["artifact"])
+    done["cache_before_verify"], done["cache_after_verify"] = (
+        {k: tuple(v) for k, v in done[which].items()} for which in ("cache_before_verify", "cache_after_verify"))
+    return DemoBuild(**done)

@@ -1,4 +1,4 @@
-"""Runs in a process of its own (tests/test_matrix_rules.py): builds every MoE model of vLLM 0.13's text
+"""Runs in a process of its own (tests/vllm_tpu/test_matrix_rules.py): builds every MoE model of vLLM 0.13's text
 registry as its TPU runner would, on the twin's platform (a TpuPlatform), and says what stops each.
 
 Each model's config is transformers' own class for it (its defaults: the layout the architecture ships), shrunk

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aotc.matrix import Entry
 from aotc.graphs import GraphSpec
-# MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/test_plan.py)
+# MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/vllm_tpu/test_plan.py)
 from aotc.runners import llava
 from aotc.runners.llava import image_tokens
 from aotc.runners.multimodal import is_multimodal

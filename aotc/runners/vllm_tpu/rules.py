@@ -1,5 +1,5 @@
 """vLLM 0.13's own checks on an entry (RunnerSpec.validate): the front end's rules plus TpuPlatform's.
-Held against vLLM's code by tests/test_matrix_rules.py."""
+Held against vLLM's code by tests/vllm_tpu/test_matrix_rules.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from aotc.runners import vllm_rules
 
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm.config.cache.BlockSize: `vllm serve --block-size` choices
 QUANTIZATIONS = ("fp8", "tpu_int8", "compressed-tensors")  # vllm.platforms.tpu.TpuPlatform.supported_quantization
-# vLLM 0.13's models with mamba-type layers, hybrid or attention-free (tests/test_matrix_rules.py reads them off
+# vLLM 0.13's models with mamba-type layers, hybrid or attention-free (tests/vllm_tpu/test_matrix_rules.py reads them off
 # its registry: interfaces.is_hybrid / is_attention_free)
 STATEFUL_ARCHITECTURES = frozenset({
     "BambaForCausalLM", "FalconH1ForCausalLM", "FalconMambaForCausalLM", "GraniteMoeHybridForCausalLM",
@@ -17,7 +17,7 @@ STATEFUL_ARCHITECTURES = frozenset({
     "Qwen3NextForCausalLM", "Zamba2ForCausalLM",
 })
 
-# vLLM 0.13's MoE models that its TPU runner cannot build or route, by what stops each (tests/test_matrix_rules.py
+# vLLM 0.13's MoE models that its TPU runner cannot build or route, by what stops each (tests/vllm_tpu/test_matrix_rules.py
 # builds every MoE model of its registry on the twin's platform and reads these off): its attention backend takes
 # no MLA, no sinks and no chunked local attention, and its MoE kernel path takes softmax top-k routing only
 UNSERVED_MOE_ARCHITECTURES = {

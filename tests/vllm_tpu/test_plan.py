@@ -10,7 +10,7 @@ from aotc.matrix import parse_matrix
 from aotc.plan import plan_entry
 from aotc.runners.vllm_tpu import buckets
 
-from .conftest import CONFIGS
+from ..conftest import CONFIGS
 
 
 @pytest.fixture(scope="module")

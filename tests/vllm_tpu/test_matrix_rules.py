@@ -186,7 +186,7 @@ models:
     assert parse_matrix(matrix.format(runner="tpu-inference"), base_dir=CONFIGS, check_stack=False).entries
 
 
-CONSTRUCTION_FACTS = Path(__file__).parent / "vllm_tpu" / "construction_facts.py"
+CONSTRUCTION_FACTS = Path(__file__).parent / "construction_facts.py"
 
 
 def test_vllm_tpu_refuses_exactly_the_moe_models_vllm_0_13s_tpu_runner_cannot_build_or_route():

@@ -13,9 +13,9 @@ import pytest
 
 from aotc.matrix import load_matrix
 
-from .conftest import CONFIGS
+from ..conftest import CONFIGS
 from aotc.testing import stock_server
-from .test_guard import DEMO_ENTRY, write_manifest
+from ..test_guard import DEMO_ENTRY, write_manifest
 
 
 @pytest.mark.slow

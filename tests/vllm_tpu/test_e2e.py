@@ -9,23 +9,21 @@ import pytest
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 
-from .conftest import CONFIGS, run_aotc
-from .helpers.browser import Dom, dump_dom, screenshot
+from ..conftest import run_aotc
+from ..helpers.browser import Dom, dump_dom, screenshot
+from .conftest import DEMO, DEMO_NAME, VERIFY_TRAFFIC
 
 pytestmark = pytest.mark.slow
 
-DEMO = CONFIGS / "demo.yaml"
-ENTRY = "tiny-llama--len128-seqs8-tok64-tp1"
+ENTRY = DEMO_NAME
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("e2e") / "artifacts"
-    proc = run_aotc("build", DEMO, "--out", out, "--json", "--traffic", "16")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
-    assert report["ok"] and report["entries"][0]["planned"] == report["entries"][0]["graphs_with_keys"]
-    return out / ENTRY
+def built(demo_build):
+    """The run's one demo build (tests/vllm_tpu/conftest.py: demo_build), already verified."""
+    report = demo_build.report
+    assert report["ok"] and report["planned"] == report["graphs_with_keys"]
+    return demo_build.artifact
 
 
 def test_build_writes_a_manifest_that_accounts_for_every_file(built):
@@ -42,11 +40,9 @@ def test_build_writes_a_manifest_that_accounts_for_every_file(built):
         run_aotc("fingerprint", DEMO, "--entry", ENTRY, "--json").stdout)["fingerprint"]
 
 
-def test_verify_covers_everything_and_says_it_did_not_load(built):
-    proc = run_aotc("verify", built, "--json", "--seed", "7", "--traffic", "24")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
-    assert result["misses"] == 0 and result["traffic_requests"] >= 24
+def test_verify_covers_everything_and_says_it_did_not_load(built, demo_build):
+    result = demo_build.verify  # `aotc verify --json` of the built artifact
+    assert result["misses"] == 0 and result["traffic_requests"] >= VERIFY_TRAFFIC
     assert result["loadable"] is False and "not loadable" in result["verdict"]
     recorded = json.loads((built / "manifest.json").read_text())["verify"]
     assert recorded == {"misses": 0, "replayed_graphs": result["replayed_graphs"],
