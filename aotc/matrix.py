@@ -596,15 +596,19 @@ def _read_config_file(config: Path, file: str, where: str) -> dict[str, Any]:
 
 
 def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) -> None:
-    """What vLLM itself rejects at start-up (the runner's rules) and what cannot run on the named TPU."""
-    runner = entry.backend
-    if entry.device not in runner.devices:
-        raise MatrixError(file, where + ".device",
-                          f"runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}")
-    problems = _tpu_problems(entry) + runner.validate(entry, hf_config)
-    if problems:
+    if problems := entry_problems(entry, hf_config):
         key, _, reason = problems[0].partition(": ")
         raise MatrixError(file, f"{where}.{key}", reason)
+
+
+def entry_problems(entry: Entry, hf_config: dict | None) -> list[str]:
+    """Every refusal of an entry, one ``KEY.PATH: reason`` a line (the key path relative to the model): a device
+    its runner does not build for, what cannot run on the named TPU, and the runner's own rules (what vLLM
+    itself rejects at start-up, what its plan does not follow: ``RunnerSpec.validate``); [] when valid."""
+    runner = entry.backend
+    if entry.device not in runner.devices:
+        return [f"device: runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}"]
+    return _tpu_problems(entry) + runner.validate(entry, hf_config)
 
 
 def _checked_env(env: dict[str, Any], runner: RunnerSpec, file: str, path_of: Callable[[str], str]) -> dict[str, Any]:
