@@ -11,8 +11,8 @@ import functools
 import itertools
 import json
 import re
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -477,8 +477,8 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
     for index, model in enumerate(spec.models):
         where = f"models[{model.name!r}]"
         settings = _merge(spec.defaults, model)
-        settings["env"] = _checked_env(settings["env"], load_runner(settings["runner"]), file,
-                                       lambda var: f"{where if var in (model.env or {}) else 'defaults'}.env.{var}")
+        _check_env(settings["env"], load_runner(settings["runner"]), file,
+                   lambda var: f"{where if var in (model.env or {}) else 'defaults'}.env.{var}")
         model_path = _local_model_dir(model.model, base_dir)
         if model_path:
             hf_config = _read_model_config(model_path, file, where)
@@ -611,7 +611,7 @@ def entry_problems(entry: Entry, hf_config: dict | None) -> list[str]:
     return _tpu_problems(entry) + runner.validate(entry, hf_config)
 
 
-def _checked_env(env: dict[str, Any], runner: RunnerSpec, file: str, path_of: Callable[[str], str]) -> dict[str, Any]:
+def _check_env(env: dict[str, Any], runner: RunnerSpec, file: str, path_of: Callable[[str], str]) -> None:
     """``env:`` sets only what the entry's runner lets a matrix set (``RunnerSpec.matrix_env``: variables its
     stack reads and the fingerprint hashes, of the type it takes): anything else would reach the runner's
     process unhashed, not matter at all, or change what the stack compiles behind the plan's back.
@@ -623,7 +623,6 @@ def _checked_env(env: dict[str, Any], runner: RunnerSpec, file: str, path_of: Ca
             _env_type(runner.name, var).validate_python(value)
         except ValidationError as exc:
             raise MatrixError(file, path_of(var), _reason(exc.errors()[0])) from None
-    return env
 
 
 def _unsettable(var: str, runner: RunnerSpec) -> str:

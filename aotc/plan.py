@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from aotc.errors import BadInput
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.hf_cache import download_hint, hub_cache_dir
-from aotc.errors import BadInput
 from aotc.matrix import Entry, entry_problems, hf_config
 
 __all__ = ["BuildPlan", "GraphSpec", "hf_config", "model_config_source", "plan_entry", "plan_entries"]

@@ -58,9 +58,9 @@ def problems(entry: Entry, largest_image_tokens: int | None) -> list[str]:
                 "per image"]
     largest_budget = budgets(entry)[-1]
     if largest_image_tokens > largest_budget:
-        return [f"matrix.max_num_batched_tokens: an image can take {largest_image_tokens} tokens, more than the largest "
-                f"encoder budget ({largest_budget}, min(max_num_batched_tokens, max_model_len)): tpu-inference runs "
-                "such an image's tower eagerly, compiling per image size; bound the images (mm_processor_kwargs "
+        return [f"matrix.max_num_batched_tokens: an image can take {largest_image_tokens} tokens, more than the "
+                f"largest encoder budget ({largest_budget}, min(max_num_batched_tokens, max_model_len)): tpu-inference "
+                "runs such an image's tower eagerly, compiling per image size; bound the images (mm_processor_kwargs "
                 "size.longest_edge) or raise max_num_batched_tokens"]
     return []
 
