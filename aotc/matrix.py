@@ -11,19 +11,21 @@ import functools
 import itertools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError,
+                      field_validator, model_validator)
 
 from aotc.engine_args import ARGUMENT_FILES, OWN_KEYS, decoded_json_args, normalize, stack_verdicts, with_hf_overrides
 from aotc.errors import BadInput, MatrixError
 from aotc.files import PLAIN_NAME, read_regular_file
 from aotc.hf_cache import cached_file
-from aotc.runners.spec import DEFAULT_RUNNER, RunnerSpec, UnknownRunner, load_runner, runner_python, runner_versions
+from aotc.runners.spec import (DEFAULT_RUNNER, RunnerSpec, UnknownRunner, load_runner, registered, runner_python,
+                               runner_versions)
 
 ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
@@ -114,27 +116,15 @@ class EngineArgs(BaseModel):
     num_gpu_blocks_override: PositiveInt | None = None
 
 
-class RunnerEnv(_Frozen):
-    """Environment variables vLLM's TPU runner reads while building graphs."""
-
-    VLLM_TPU_BUCKET_PADDING_GAP: Annotated[StrictInt, Field(ge=0)] | None = None
-    VLLM_TPU_MOST_MODEL_LEN: PositiveInt | None = None
-    VLLM_XLA_USE_SPMD: Literal[0, 1] | None = None
-    VLLM_TPU_USING_PATHWAYS: Literal[0, 1] | None = None
-    NEW_MODEL_DESIGN: Literal[0, 1] | None = None  # tpu-inference: the 7-axis mesh (Llama 4's shardings need it)
-    # tpu-inference: its own JAX model or vLLM's through torchax (tpu_inference.envs choices)
-    MODEL_IMPL_TYPE: Literal["auto", "vllm", "flax_nnx", "jetpack"] | None = None
-    # tpu-inference: the same for a speculative-decoding draft, which must resolve as its target does
-    DRAFT_MODEL_IMPL_TYPE: Literal["auto", "vllm", "flax_nnx"] | None = None
-
-
 class Settings(_Frozen):
     runner: StrictStr | None = None  # a registered backend (aotc/runners/spec.py)
     device: Literal["tpu", "cpu"] | None = None
     accelerator: StrictStr | None = None
     dtype: Literal["bfloat16", "float32", "float16", "auto"] | None = None
     engine: EngineArgs | None = None
-    env: RunnerEnv | None = None
+    # environment variables, each one the entry's runner lets a matrix set (RunnerSpec.matrix_env): checked
+    # per entry, once its runner is known
+    env: dict[StrictStr, Any] | None = None
 
     @field_validator("runner")
     @classmethod
@@ -476,7 +466,7 @@ def _merge(defaults: Settings, model: ModelSpec) -> dict[str, Any]:
         if layer.engine is not None:
             engine.update(layer.engine.model_dump(exclude_none=True))
         if layer.env is not None:
-            env.update(layer.env.model_dump(exclude_none=True))
+            env.update({var: value for var, value in layer.env.items() if value is not None})
     merged["engine"], merged["env"] = engine, env
     return merged
 
@@ -487,6 +477,8 @@ def _expand(spec: MatrixFile, file: str, base_dir: Path, check_stack: bool) -> l
     for index, model in enumerate(spec.models):
         where = f"models[{model.name!r}]"
         settings = _merge(spec.defaults, model)
+        _check_env(settings["env"], load_runner(settings["runner"]), file,
+                   lambda var: f"{where if var in (model.env or {}) else 'defaults'}.env.{var}")
         model_path = _local_model_dir(model.model, base_dir)
         if model_path:
             hf_config = _read_model_config(model_path, file, where)
@@ -604,26 +596,50 @@ def _read_config_file(config: Path, file: str, where: str) -> dict[str, Any]:
 
 
 def _check_entry(entry: Entry, hf_config: dict | None, file: str, where: str) -> None:
-    """What vLLM itself rejects at start-up (the runner's rules) and what cannot run on the named TPU."""
-    runner = entry.backend
-    if entry.device not in runner.devices:
-        raise MatrixError(file, where + ".device",
-                          f"runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}")
-    problems = _tpu_problems(entry) + _env_problems(entry)
-    problems += runner.validate(entry, hf_config)
-    if problems:
+    if problems := entry_problems(entry, hf_config):
         key, _, reason = problems[0].partition(": ")
         raise MatrixError(file, f"{where}.{key}", reason)
 
 
-def _env_problems(entry: Entry) -> list[str]:
-    """``env:`` sets only what the entry's stack reads and the fingerprint hashes (``RunnerSpec.env_vars``):
-    anything else would reach the runner's process unhashed, or not matter at all."""
+def entry_problems(entry: Entry, hf_config: dict | None) -> list[str]:
+    """Every refusal of an entry, one ``KEY.PATH: reason`` a line (the key path relative to the model): a device
+    its runner does not build for, what cannot run on the named TPU, and the runner's own rules (what vLLM
+    itself rejects at start-up, what its plan does not follow: ``RunnerSpec.validate``); [] when valid."""
     runner = entry.backend
-    return [f"env.{var}: runner {runner.name}'s stack "
-            + (f"reads it but it changes no graph ({runner.env_unhashed[var]})" if var in runner.env_unhashed
-               else "does not read it")
-            for var in entry.env if var not in runner.env_vars]
+    if entry.device not in runner.devices:
+        return [f"device: runner {runner.name} builds for {', '.join(runner.devices)}, not {entry.device!r}"]
+    return _tpu_problems(entry) + runner.validate(entry, hf_config)
+
+
+def _check_env(env: dict[str, Any], runner: RunnerSpec, file: str, path_of: Callable[[str], str]) -> None:
+    """``env:`` sets only what the entry's runner lets a matrix set (``RunnerSpec.matrix_env``: variables its
+    stack reads and the fingerprint hashes, of the type it takes): anything else would reach the runner's
+    process unhashed, not matter at all, or change what the stack compiles behind the plan's back.
+    ``path_of``: where the matrix set a variable."""
+    for var, value in env.items():
+        if var not in runner.matrix_env():
+            raise MatrixError(file, path_of(var), _unsettable(var, runner))
+        try:
+            _env_type(runner.name, var).validate_python(value)
+        except ValidationError as exc:
+            raise MatrixError(file, path_of(var), _reason(exc.errors()[0])) from None
+
+
+def _unsettable(var: str, runner: RunnerSpec) -> str:
+    stack = f"runner {runner.name}'s stack"
+    if var in runner.env_unhashed:
+        return f"{stack} reads it but it changes no graph ({runner.env_unhashed[var]})"
+    if var in runner.env_vars:
+        return (f"{stack} reads it but its plan does not follow it; a matrix sets only "
+                f"{', '.join(sorted(runner.matrix_env()))}")
+    if any(var in spec.matrix_env() for spec in registered().values()):
+        return f"{stack} does not read it"
+    return "unknown key"
+
+
+@functools.cache
+def _env_type(runner: str, var: str) -> TypeAdapter:
+    return TypeAdapter(load_runner(runner).matrix_env()[var])
 
 
 def _tpu_problems(entry: Entry) -> list[str]:

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from aotc.errors import BadInput
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.hf_cache import download_hint, hub_cache_dir
-from aotc.matrix import Entry, hf_config
+from aotc.matrix import Entry, entry_problems, hf_config
 
 __all__ = ["BuildPlan", "GraphSpec", "hf_config", "model_config_source", "plan_entry", "plan_entries"]
 
 
 def plan_entry(entry: Entry) -> BuildPlan:
-    runner = entry.backend
-    graphs = tuple(runner.capture_plan(entry, hf_config(entry)))
+    """The entry's graphs. Its refusals first (``entry_problems``), with the config.json this machine reads now:
+    a build fetches a hub model's after the matrix was read without it."""
+    runner, config = entry.backend, hf_config(entry)
+    if problems := entry_problems(entry, config):
+        raise BadInput(f"{entry.name}: {problems[0]}")
+    graphs = tuple(runner.capture_plan(entry, config))
     return BuildPlan(entry, graphs, runner.bucket_summary(entry), model_config_source(entry))
 
 

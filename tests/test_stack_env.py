@@ -51,6 +51,7 @@ def test_every_variable_the_stack_reads_is_hashed_or_left_out_with_a_reason(runn
     assert not set(spec.env_vars) & set(spec.env_unhashed)
     assert {var for var, why in spec.env_unhashed.items() if why == VLLM_IGNORES} == set(registry["vllm_ignores"])
     assert all(spec.env_unhashed.values())
+    assert set(spec.matrix_env()) <= set(spec.env_vars)  # a matrix sets only what the stack reads and is hashed
 
 
 def pinned_matrix(tmp_path, runner: str, env: str = "{}") -> str:
@@ -102,3 +103,10 @@ def test_env_takes_only_what_the_entrys_stack_reads_and_hashes(tmp_path):
     assert "env.VLLM_TPU_MOST_MODEL_LEN: runner tpu-inference's stack does not read it" in proc.stderr
     # vLLM 0.13's does, and the fingerprint hashes it
     assert run_aotc("plan", pinned_matrix(tmp_path, "vllm-tpu", "{VLLM_TPU_MOST_MODEL_LEN: 64}")).returncode == 0
+    # read, but the plan assumes its default (a set one would change the buckets behind the plan's back); read,
+    # and changing no graph
+    for var, reason in [("MIN_TOKEN_BUCKET", "reads it but its plan does not follow it; a matrix sets only "),
+                        ("VLLM_LOGGING_LEVEL", "reads it but it changes no graph (")]:
+        proc = run_aotc("plan", pinned_matrix(tmp_path, "tpu-inference", f"{{{var}: 32}}"))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"env.{var}: runner tpu-inference's stack {reason}" in proc.stderr

@@ -132,6 +132,21 @@ def test_the_toys_env_var_enters_the_fingerprint(config):
     assert salted["fingerprint"] != plain["fingerprint"] and salted["inputs"]["env"] == {"AOTC_TOY_SALT": "1"}
 
 
+def test_the_matrix_sets_the_toys_own_env_var_as_the_environment_does(config, tmp_path):
+    """The matrix's env: takes what the entry's runner declares (its env_vars here), not a list in the core;
+    a variable another runner's stack reads, or none does, is refused in one line."""
+    salted = tmp_path / "salted.yaml"
+    salted.write_text(config.read_text().replace("device: cpu}", "device: cpu, env: {AOTC_TOY_SALT: 1}}"))
+    from_matrix = ok_json("fingerprint", salted, "--entry", ENTRY)
+    assert from_matrix == ok_json("fingerprint", config, "--entry", ENTRY, env={"AOTC_TOY_SALT": "1"})
+    for var, reason in [("VLLM_TPU_BUCKET_PADDING_GAP", "runner toy's stack does not read it"),
+                        ("AOTC_TOY_SALTS", "unknown key")]:
+        wrong = tmp_path / "wrong.yaml"
+        wrong.write_text(config.read_text().replace("device: cpu}", f"device: cpu, env: {{{var}: 1}}}}"))
+        proc = toy("plan", wrong)
+        assert proc.returncode == 2 and proc.stderr == f"aotc: error: {wrong}: defaults.env.{var}: {reason}\n"
+
+
 def test_a_missing_cache_file_fails_verify(built, tmp_path):
     import shutil
 

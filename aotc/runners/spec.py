@@ -48,6 +48,11 @@ class RunnerSpec:
     a builder's or a pod's stray setting never goes unseen (aotc/runners/stack_env.py)."""
     env_unhashed: Mapping[str, str] = field(default_factory=dict)
     """Variables the stack reads that change no graph and no key -> why; the fingerprint leaves them out."""
+    env_settable: Mapping[str, Any] | None = None
+    """The ``env_vars`` a matrix's ``env:`` may set -> the type of its value (a pydantic annotation: a choice, a
+    bound), where the plan follows only some of what the stack reads (a variable that changes the stack's
+    buckets and not the plan's would build a cache that misses). None: every one of ``env_vars``, a string or
+    an integer. tests/test_stack_env.py holds each one to ``env_vars``."""
     env_registries: tuple[str, ...] = ()
     """Modules of the stack whose ``environment_variables`` name what it reads: a test holds ``env_vars`` and
     ``env_unhashed`` to them, in the runner's interpreter."""
@@ -105,6 +110,14 @@ class RunnerSpec:
     def implied_env(self, entry: Any) -> dict[str, str]:
         """Values of ``env_vars`` the entry implies when the matrix sets none (e.g. LoRA's model code)."""
         return self._derived("implied_env", entry, {})
+
+    def matrix_env(self) -> Mapping[str, Any]:
+        """What a matrix's ``env:`` may set for this runner: variable -> the type of its value."""
+        if self.env_settable is None:
+            from pydantic import StrictInt, StrictStr
+
+            return {var: StrictStr | StrictInt for var in self.env_vars}
+        return self.env_settable
 
     def runner_env(self, entry: Any, environ: Mapping[str, str]) -> dict[str, str]:
         """The runner-read variables as the build will set them: the matrix's value, else what the runner

@@ -10,6 +10,9 @@ every one (``RunnerSpec.env_vars``) but those in ``UNHASHED``, each with why it 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictInt
 
 # vLLM's own compile-cache key leaves these out (vllm/envs.py ``compile_factors``: its ``ignored_factors``):
 # logging, ports and hosts, timeouts, media fetching, process layout, credentials. The test derives this
@@ -28,6 +31,16 @@ RUNNER_UNSETS = "unset by the runner for the build and the stock server (engine.
 STACK_SETS = ("set by tpu-inference itself at import (tpu_inference/env_override.py), one value in every process "
               "whatever the launch said")
 PROFILING = "profiling, tracing and statistics output only"
+
+
+Switch = Literal[0, 1]
+# What a matrix's ``env:`` may set (RunnerSpec.env_settable) of the variables vLLM's TPU runners read, each with
+# the type of its value: those the runners' plans follow (the padding gap) or that change no plan (the rest).
+VLLM_TPU_SETTABLE = {
+    "VLLM_TPU_BUCKET_PADDING_GAP": Annotated[StrictInt, Field(ge=0)],
+    "VLLM_XLA_USE_SPMD": Switch,
+    "VLLM_TPU_USING_PATHWAYS": Switch,
+}
 
 
 def hashed(read: Iterable[str], unhashed: Mapping[str, str]) -> tuple[str, ...]:

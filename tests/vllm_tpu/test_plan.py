@@ -132,3 +132,25 @@ def test_budget_between_buckets_plans_the_covering_buckets_graphs(vllm_rules):
     assert vllm_rules.token(16, 96, 0) == vllm_rules.token(16, 128, 0)
     shape = "{{max_model_len: [192], max_num_seqs: [12], max_num_batched_tokens: [{}]}}"
     assert plan_entry(entry(shape.format(96))).graphs == plan_entry(entry(shape.format(128))).graphs
+
+
+def test_a_hub_config_fetched_after_the_matrix_was_read_meets_the_runners_refusals(tmp_path, monkeypatch):
+    """A build reads the matrix, then fetches a hub model's config.json (build.fetch_model_config), then plans:
+    the runner's refusals hold for the config it plans from, not only for the one the matrix was read with
+    (none, here). vLLM 0.13's TPU runner cannot serve Qwen3-Next's recurrent state."""
+    import shutil
+
+    from aotc.errors import BadInput
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    entry, = parse_matrix(f"models: [{{name: m, model: org/qwen3-next, revision: {commit}, runner: vllm-tpu, matrix: "
+                          "{max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [128]}}]",
+                          check_stack=False).entries
+    snapshot = tmp_path / "hub" / "models--org--qwen3-next" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    shutil.copy(CONFIGS / "models" / "tiny-qwen3-next" / "config.json", snapshot)  # what the build fetched
+    with pytest.raises(BadInput) as refused:
+        plan_entry(entry)
+    assert str(refused.value).startswith(f"{entry.name}: model: vLLM 0.13's TPU runner cannot serve "
+                                         "Qwen3NextForCausalLM")

@@ -61,6 +61,7 @@ SPEC = TpuInferenceRunner(
     packages=("jax", "jaxlib", "libtpu", "tpu-inference", "vllm-tpu", "torchax"),
     env_vars=stack_env.HASHED,
     env_unhashed=stack_env.UNHASHED,
+    env_settable=stack_env.SETTABLE,
     env_registries=("vllm.envs", "tpu_inference.envs"),
     # tpu_inference/env_override.py adds these at import (a test pins this table to it)
     implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),

@@ -130,15 +130,8 @@ def async_scheduling(entry: Entry) -> bool:
 def capture_plan(entry: Entry, hf_config: dict | None = None) -> list[GraphSpec]:
     """Every `_run_compilation` call tpu-inference makes for this entry, in its order, each shape once."""
     multimodal = serves_images(entry, hf_config)
-    if multimodal:
-        check_multimodal(entry, hf_config)
-    if str(entry.env.get("TPU_MULTIPROCESS_DP", "0")).lower() in ("1", "true"):
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers single-process data parallelism "
-                         "(TPU_MULTIPROCESS_DP=0, which serving sets), not TPU_MULTIPROCESS_DP=1")
     p = paddings(entry)
     spec = speculative_config(entry)
-    if spec:
-        check_speculative(entry, spec)
     tokens, reqs = p["tokens"], p["reqs"]
     # With speculative decoding the logits rows are every request's draft and bonus positions.
     logits = p["logits"] if spec else reqs
@@ -188,37 +181,46 @@ def _limit_count(limit: int | dict) -> int:
     return int(limit.get("count", 999) if isinstance(limit, dict) else limit)
 
 
-def check_multimodal(entry: Entry, hf_config: dict) -> None:
+def plan_problems(entry: Entry, hf_config: dict | None) -> list[str]:
+    """What the plan does not follow, or the stack cannot serve, found while planning: one ``KEY.PATH: reason`` a
+    line (rules.validate, RunnerSpec.validate), so capture_plan never meets such an entry."""
+    problems = multimodal_problems(entry, hf_config) if serves_images(entry, hf_config) else []
+    return problems + speculative_problems(entry) + mesh_problems(entry)
+
+
+def multimodal_problems(entry: Entry, hf_config: dict) -> list[str]:
     architectures = set(hf_config.get("architectures") or [])
     if not architectures & PLANNED_MULTIMODAL_ARCHITECTURES:
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers the multimodal architectures "
-                         f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))}, not "
-                         f"{', '.join(sorted(architectures)) or 'this one'}{unplanned_reason(architectures)}")
+        return [f"model: the tpu-inference plan covers the multimodal architectures "
+                f"{', '.join(sorted(PLANNED_MULTIMODAL_ARCHITECTURES))}, not "
+                f"{', '.join(sorted(architectures)) or 'this one'}{unplanned_reason(architectures)}"]
     if hf_config.get("audio_config"):
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers image inputs, not a model with an audio "
-                         "tower (audio_config): not planned yet")
+        return ["model: the tpu-inference plan covers image inputs, not a model with an audio tower (audio_config): "
+                "not planned yet"]
     impl = str(entry.env.get("MODEL_IMPL_TYPE", "auto")).lower()
     if architectures & TORCHAX_MULTIMODAL_ARCHITECTURES:
-        check_torchax_multimodal(entry, hf_config, impl)
+        if torchax := torchax_multimodal_problems(hf_config, impl):
+            return torchax
     elif impl not in ("auto", "flax_nnx"):
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers {', '.join(sorted(architectures))} on its JAX "
-                         "implementation (MODEL_IMPL_TYPE auto or flax_nnx)")
+        return [f"env.MODEL_IMPL_TYPE: the tpu-inference plan covers {', '.join(sorted(architectures))} on its JAX "
+                "implementation (MODEL_IMPL_TYPE auto or flax_nnx)"]
     if speculative_config(entry):
-        raise ValueError(f"{entry.name}: tpu-inference 0.32 cannot serve images with speculative decoding: a step "
-                         "with image embeddings runs the model on them and no input ids, which its rejection sampler "
-                         "needs (TPUModelRunner._sample_from_logits asserts them; the engine core dies). Serve it as "
-                         "text (limit_mm_per_prompt 0 for every modality) or without speculative decoding")
+        return ["engine.speculative_config: tpu-inference 0.32 cannot serve images with speculative decoding: a step "
+                "with image embeddings runs the model on them and no input ids, which its rejection sampler needs "
+                "(TPUModelRunner._sample_from_logits asserts them; the engine core dies). Serve it as text "
+                "(limit_mm_per_prompt 0 for every modality) or without speculative decoding"]
     if entry.engine.get("enable_lora") or data_parallel_size(entry) > 1:
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers multimodal models without LoRA or data "
-                         "parallelism")
+        key = "enable_lora" if entry.engine.get("enable_lora") else "data_parallel_size"
+        return [f"engine.{key}: the tpu-inference plan covers multimodal models without LoRA or data parallelism"]
     if gemma4_vision.is_gemma4_vision(hf_config):
-        gemma4_vision.check(entry)
+        return gemma4_vision.problems(entry)
     if llama_guard_4.is_llama_guard_4(hf_config):
-        llama_guard_4.check(entry, hf_config)
+        return llama_guard_4.problems(entry, hf_config)
     if qwen3_vl.is_qwen3_vl(hf_config):
         largest = image_max_patches(entry, hf_config)
-        qwen3_vl.check(entry, None if largest is None
-                       else largest // hf_config["vision_config"].get("spatial_merge_size", 2) ** 2)
+        return qwen3_vl.problems(entry, None if largest is None
+                                 else largest // hf_config["vision_config"].get("spatial_merge_size", 2) ** 2)
+    return []
 
 
 def unplanned_reason(architectures: set[str]) -> str:
@@ -231,18 +233,19 @@ def unplanned_reason(architectures: set[str]) -> str:
     return ""
 
 
-def check_torchax_multimodal(entry: Entry, hf_config: dict, impl: str) -> None:
+def torchax_multimodal_problems(hf_config: dict, impl: str) -> list[str]:
     """LLaVA, Qwen3-VL and Qwen3-VL MoE run as vLLM's model (tpu-inference has no JAX model for them: auto resolves
     to vllm).
     LLaVA's images are one size (a CLIP or SigLIP tower); a Pixtral tower takes images of any size, which the plan
     does not follow."""
     if impl not in ("auto", "vllm"):
         architecture = ", ".join(sorted(set(hf_config.get("architectures") or []) & TORCHAX_MULTIMODAL_ARCHITECTURES))
-        raise ValueError(f"{entry.name}: tpu-inference 0.32 has no JAX {architecture}; it serves it as vLLM's "
-                         "model through torchax (MODEL_IMPL_TYPE auto or vllm)")
+        return [f"env.MODEL_IMPL_TYPE: tpu-inference 0.32 has no JAX {architecture}; it serves it as vLLM's model "
+                "through torchax (MODEL_IMPL_TYPE auto or vllm)"]
     if hf_config["vision_config"].get("model_type") == "pixtral":
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers LLaVA with a one-size tower (CLIP, SigLIP), not "
-                         "Pixtral's, whose encoder's shapes follow each image")
+        return ["model: the tpu-inference plan covers LLaVA with a one-size tower (CLIP, SigLIP), not Pixtral's, "
+                "whose encoder's shapes follow each image"]
+    return []
 
 
 def additional_config(entry: Entry) -> dict:
@@ -448,13 +451,17 @@ def _not_bonus(logits: list[int], reqs: list[int]) -> list[int]:
     return [n for n in logits if n not in reqs]
 
 
-def check_speculative(entry: Entry, spec: dict) -> None:
+def speculative_problems(entry: Entry) -> list[str]:
+    spec = speculative_config(entry)
+    if not spec:
+        return []
     method = spec.get("method")
     if method not in PLANNED_SPECULATIVE_METHODS:
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers speculative_config.method "
-                         f"{' or '.join(sorted(PLANNED_SPECULATIVE_METHODS))}, not {method!r}")
+        return [f"engine.speculative_config: the tpu-inference plan covers speculative_config.method "
+                f"{' or '.join(sorted(PLANNED_SPECULATIVE_METHODS))}, not {method!r}"]
     if not spec.get("num_speculative_tokens"):
-        raise ValueError(f"{entry.name}: speculative_config needs num_speculative_tokens (its graphs' shapes)")
+        return ["engine.speculative_config: speculative_config needs num_speculative_tokens (its graphs' shapes)"]
+    return []
 
 
 def async_scheduling_graphs(entry: Entry, p: dict[str, list[int]], spec: dict | None) -> list[GraphSpec]:
@@ -546,11 +553,15 @@ def mesh(entry: Entry) -> dict:
     shardings name the expert axis, e.g. Llama 4): _create_new_model_mesh, every axis 1 but model = tp
     (planned for dp 1 only)."""
     dp, tp = data_parallel_size(entry), entry.tensor_parallel_size
-    if entry.env.get("NEW_MODEL_DESIGN"):
-        if dp > 1:
-            raise ValueError(f"{entry.name}: data parallelism with NEW_MODEL_DESIGN is not planned yet")
+    if entry.env.get("NEW_MODEL_DESIGN"):  # dp 1 (mesh_problems)
         return {"axes": {axis: tp if axis == "model" else 1 for axis in NEW_MODEL_MESH_AXES}, "devices": tp}
     return {"axes": {"data": dp, "model": tp}, "devices": dp * tp}
+
+
+def mesh_problems(entry: Entry) -> list[str]:
+    if entry.env.get("NEW_MODEL_DESIGN") and data_parallel_size(entry) > 1:
+        return ["env.NEW_MODEL_DESIGN: data parallelism with NEW_MODEL_DESIGN is not planned yet"]
+    return []
 
 
 def implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:

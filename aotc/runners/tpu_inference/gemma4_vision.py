@@ -30,14 +30,16 @@ def is_gemma4_vision(hf_config: dict | None) -> bool:
     return ARCHITECTURE in ((hf_config or {}).get("architectures") or [])
 
 
-def check(entry: Entry) -> None:
+def problems(entry: Entry) -> list[str]:
+    """The encoder settings the stack cannot start with or the plan does not follow (buckets.plan_problems)."""
     if entry.engine_mapping("additional_config").get("vision_warmup_config"):
-        raise ValueError(f"{entry.name}: tpu-inference 0.32 cannot start Gemma 4 with vision_warmup_config: its "
-                         "precompile_vision_encoder hands 4-D pixels to a patch embedder that takes 3-D patches "
-                         "(ValueError at start-up); leave it out (aotc compiles the encoder per soft-token budget)")
+        return ["engine.additional_config: tpu-inference 0.32 cannot start Gemma 4 with vision_warmup_config: its "
+                "precompile_vision_encoder hands 4-D pixels to a patch embedder that takes 3-D patches "
+                "(ValueError at start-up); leave it out (aotc compiles the encoder per soft-token budget)"]
     if entry.engine_mapping("compilation_config").get("cudagraph_mm_encoder"):
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers Gemma 4's image encoder as the stack runs it "
-                         "by default, not through its encoder-budget manager (cudagraph_mm_encoder)")
+        return ["engine.compilation_config: the tpu-inference plan covers Gemma 4's image encoder as the stack runs "
+                "it by default, not through its encoder-budget manager (cudagraph_mm_encoder)"]
+    return []
 
 
 def processor_soft_tokens(entry: Entry, hf_config: dict) -> int:

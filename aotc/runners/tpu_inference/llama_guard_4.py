@@ -37,12 +37,14 @@ def warmup_shapes(entry: Entry) -> list:
     return (entry.engine_mapping("additional_config").get("vision_warmup_config") or {}).get("image_shapes") or []
 
 
-def check(entry: Entry, hf_config: dict) -> None:
+def problems(entry: Entry, hf_config: dict) -> list[str]:
+    """Warm-up shapes its tower cannot run (buckets.plan_problems)."""
     tile = hf_config["vision_config"]["image_size"]
     if any(list(shape) != [tile, tile] for shape in warmup_shapes(entry)):
-        raise ValueError(f"{entry.name}: Llama Guard 4's vision warm-up (precompile_vision_encoder) runs one image "
-                         f"of each vision_warmup_config shape through a tower sized for {tile} x {tile} tiles; "
-                         f"give [{tile}, {tile}] or leave it out (aotc compiles the encoder per tile count)")
+        return [f"engine.additional_config: Llama Guard 4's vision warm-up (precompile_vision_encoder) runs one "
+                f"image of each vision_warmup_config shape through a tower sized for {tile} x {tile} tiles; "
+                f"give [{tile}, {tile}] or leave it out (aotc compiles the encoder per tile count)"]
+    return []
 
 
 def tokens_per_tile(hf_config: dict) -> int:

@@ -37,30 +37,32 @@ def is_qwen3_vl(hf_config: dict | None) -> bool:
     return bool(ARCHITECTURES.intersection((hf_config or {}).get("architectures") or []))
 
 
-def check(entry: Entry, largest_image_tokens: int | None) -> None:
+def problems(entry: Entry, largest_image_tokens: int | None) -> list[str]:
+    """What would compile per image while serving, or the plan does not follow (buckets.plan_problems)."""
     compilation = entry.engine_mapping("compilation_config")
     if not compilation.get("cudagraph_mm_encoder"):
-        raise ValueError(f"{entry.name}: tpu-inference 0.32 serves Qwen3-VL with its vision tower jitted per image "
-                         "grid (GridTHW static) unless compilation_config.cudagraph_mm_encoder is set: every new "
-                         "image size compiles while serving; set it (the tower then runs per token budget)")
+        return ["engine.compilation_config: tpu-inference 0.32 serves Qwen3-VL with its vision tower jitted per "
+                "image grid (GridTHW static) unless compilation_config.cudagraph_mm_encoder is set: every new image "
+                "size compiles while serving; set it (the tower then runs per token budget)"]
     limits = entry.engine.get("limit_mm_per_prompt") or {}
     if limits.get("video", 1):
-        raise ValueError(f"{entry.name}: the tpu-inference plan covers Qwen3-VL's images, not video: set "
-                         "limit_mm_per_prompt video: 0")
+        return ["engine.limit_mm_per_prompt: the tpu-inference plan covers Qwen3-VL's images, not video: set "
+                "limit_mm_per_prompt video: 0"]
     if compilation.get("encoder_cudagraph_max_vision_items_per_batch") or compilation.get("encoder_cudagraph_"
                                                                                             "token_budgets"):
-        raise ValueError(f"{entry.name}: the tpu-inference plan takes Qwen3-VL's encoder budgets as vLLM derives "
-                         "them, not encoder_cudagraph_token_budgets or encoder_cudagraph_max_vision_items_per_batch")
+        return ["engine.compilation_config: the tpu-inference plan takes Qwen3-VL's encoder budgets as vLLM derives "
+                "them, not encoder_cudagraph_token_budgets or encoder_cudagraph_max_vision_items_per_batch"]
     if largest_image_tokens is None:
-        raise ValueError(f"{entry.name}: the plan needs Qwen3-VL's largest image (its preprocessor_config.json "
-                         "size.longest_edge, or mm_processor_kwargs): images above the largest encoder budget "
-                         "run the tower eagerly, compiling per image")
+        return ["model: the plan needs Qwen3-VL's largest image (its preprocessor_config.json size.longest_edge, or "
+                "mm_processor_kwargs): images above the largest encoder budget run the tower eagerly, compiling "
+                "per image"]
     largest_budget = budgets(entry)[-1]
     if largest_image_tokens > largest_budget:
-        raise ValueError(f"{entry.name}: an image can take {largest_image_tokens} tokens, more than the largest "
-                         f"encoder budget ({largest_budget}, min(max_num_batched_tokens, max_model_len)): "
-                         "tpu-inference runs such an image's tower eagerly, compiling per image size; bound "
-                         "the images (mm_processor_kwargs size.longest_edge) or raise max_num_batched_tokens")
+        return [f"matrix.max_num_batched_tokens: an image can take {largest_image_tokens} tokens, more than the "
+                f"largest encoder budget ({largest_budget}, min(max_num_batched_tokens, max_model_len)): tpu-inference "
+                "runs such an image's tower eagerly, compiling per image size; bound the images (mm_processor_kwargs "
+                "size.longest_edge) or raise max_num_batched_tokens"]
+    return []
 
 
 def budgets(entry: Entry) -> list[int]:

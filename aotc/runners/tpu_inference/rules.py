@@ -4,7 +4,7 @@ plus tpu-inference's TpuPlatform's. Held against their code by tests/tpu_inferen
 from __future__ import annotations
 
 from aotc.runners import vllm_rules
-from aotc.runners.tpu_inference.buckets import DRAFTER_METHODS, additional_config, speculative_config
+from aotc.runners.tpu_inference.buckets import DRAFTER_METHODS, additional_config, plan_problems, speculative_config
 
 # tpu_inference.platforms.tpu_platform.TpuPlatform.supported_quantization
 QUANTIZATIONS = ("compressed-tensors", "auto_awq", "fp8", "gpt_oss_mxfp4", "modelopt_fp4", "deepseek_v4_fp8",
@@ -16,7 +16,7 @@ def validate(entry, hf_config: dict | None) -> list[str]:
     return (vllm_rules.common(entry, hf_config) + vllm_rules.quantization(entry, QUANTIZATIONS, "TpuPlatform")
             + untied_jax_qwen2(entry, hf_config) + mla_settings(entry, hf_config)
             + dflash_untied_target(entry, hf_config) + jax_deepseek_v3(entry, hf_config)
-            + draft_implementation(entry, hf_config))
+            + draft_implementation(entry, hf_config) + plan_problems(entry, hf_config))
 
 
 def on_jax_path(entry) -> bool:

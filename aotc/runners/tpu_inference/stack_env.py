@@ -1,9 +1,11 @@
 """The variables vLLM-TPU 0.32 and tpu-inference 0.32 read (vllm/envs.py, tpu_inference/envs.py
 ``environment_variables``), and those the fingerprint leaves out."""
 
+from typing import Literal
+
 from aotc.runners.stack_env import (
     FROM_ACCELERATOR, FROM_DATA_PARALLEL, FROM_DEVICE, HOST_IDENTITY, PRECOMPILE_WORKERS, PROFILING,
-    RUNNER_UNSETS, RUNTIME_LORA, STACK_SETS, VLLM_IGNORES, hashed,
+    RUNNER_UNSETS, RUNTIME_LORA, STACK_SETS, VLLM_IGNORES, VLLM_TPU_SETTABLE, Switch, hashed,
 )
 
 # vllm 0.32's vllm/envs.py environment_variables, and tpu_inference/envs.py's, sorted
@@ -183,3 +185,12 @@ UNHASHED = {
     "TPU_OFFLOAD_METRICS_LOG_INTERVAL": PROFILING,
 }
 HASHED = hashed(READ, UNHASHED)
+# The matrix's env: (RunnerSpec.env_settable), each followed by the plan (buckets.mesh, rules.validate)
+SETTABLE = {
+    **VLLM_TPU_SETTABLE,
+    "NEW_MODEL_DESIGN": Switch,  # the 7-axis mesh (Llama 4's shardings need it)
+    # its own JAX model or vLLM's through torchax (tpu_inference.envs choices), and the same for a
+    # speculative-decoding draft, which must resolve as its target does
+    "MODEL_IMPL_TYPE": Literal["auto", "vllm", "flax_nnx", "jetpack"],
+    "DRAFT_MODEL_IMPL_TYPE": Literal["auto", "vllm", "flax_nnx"],
+}

@@ -58,6 +58,7 @@ SPEC = VllmTpuRunner(
     packages=("torch", "torch_xla", "vllm", "libtpu", "jax", "jaxlib"),
     env_vars=stack_env.HASHED,
     env_unhashed=stack_env.UNHASHED,
+    env_settable=stack_env.SETTABLE,
     env_registries=("vllm.envs",),
     # Not the twin: vLLM 0.13's own TPUModelRunner (sample_tokens' concat_lists) extends Python lists with the
     # numpy rows LogprobsLists holds since vllm-project/vllm#28245; on a TPU too.

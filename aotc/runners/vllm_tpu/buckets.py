@@ -107,10 +107,3 @@ def bucket_summary(entry: Entry) -> dict:
         "block_size": page_size(entry.max_model_len),
     }
 
-
-def validate(entry: Entry, hf_config: dict | None = None) -> list[str]:
-    """vLLM 0.13's TPU runner's own rules for an entry (RunnerSpec.validate), one ``key: reason`` a line."""
-    most = entry.env.get("VLLM_TPU_MOST_MODEL_LEN")
-    if most is not None and most >= entry.max_model_len:
-        return [f"env.VLLM_TPU_MOST_MODEL_LEN: {most} must be below max_model_len {entry.max_model_len}"]
-    return []

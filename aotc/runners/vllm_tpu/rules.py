@@ -130,8 +130,9 @@ def multimodal(entry, hf_config: dict | None) -> list[str]:
                 "with its kin (Qwen3-VL MoE, Cosmos 3, Qwen3.5)"]
     per_image, budget = image_tokens(hf_config), entry.max_num_batched_tokens
     if budget < per_image:
-        return [f"max_num_batched_tokens: {budget} is below one image's {per_image} tokens, which vLLM 0.13's TPU "
-                "platform schedules whole (disable_chunked_mm_input; vLLM refuses: compute_mm_encoder_budget)"]
+        return [f"matrix.max_num_batched_tokens: {budget} is below one image's {per_image} tokens, which vLLM "
+                "0.13's TPU platform schedules whole (disable_chunked_mm_input; vLLM refuses: "
+                "compute_mm_encoder_budget)"]
     if entry.engine.get("enable_chunked_prefill") is not False:
         return ["engine.enable_chunked_prefill: vLLM 0.13 serves images on a TPU with chunked prefill off only: its "
                 "scheduler splits an image that starts a step (the disable_chunked_mm_input rollback checks "
@@ -139,8 +140,8 @@ def multimodal(entry, hf_config: dict | None) -> list[str]:
                 "so the step's masked_scatter fails to lower and the server dies: set enable_chunked_prefill: false "
                 "(runner: tpu-inference serves LLaVA with chunked prefill)"]
     if budget >= 2 * per_image:
-        return [f"max_num_batched_tokens: {budget} lets one step encode {budget // per_image} images; vLLM 0.13's "
-                "TPU runner keeps only the first of a step's encoder batch (TPUModelRunner._execute_mm_encoder "
+        return [f"matrix.max_num_batched_tokens: {budget} lets one step encode {budget // per_image} images; vLLM "
+                "0.13's TPU runner keeps only the first of a step's encoder batch (TPUModelRunner._execute_mm_encoder "
                 "caches the batched output as one item: the next image fails with 'Encoder cache miss' and the "
                 f"server dies): use {per_image} to {2 * per_image - 1} (one image a step), or runner: tpu-inference"]
     return []

@@ -1,6 +1,10 @@
 """The variables vLLM 0.13 reads (vllm/envs.py ``environment_variables``), and those the fingerprint leaves out."""
 
-from aotc.runners.stack_env import CACHE_LOCATION, RUNTIME_LORA, VLLM_IGNORES, hashed
+from typing import Annotated
+
+from pydantic import Field, StrictInt
+
+from aotc.runners.stack_env import CACHE_LOCATION, RUNTIME_LORA, VLLM_IGNORES, VLLM_TPU_SETTABLE, hashed
 
 # vllm 0.13's vllm/envs.py environment_variables, sorted (tests/test_stack_env.py holds them equal)
 READ = (
@@ -96,3 +100,5 @@ UNHASHED = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": RUNTIME_LORA,
 }
 HASHED = hashed(READ, UNHASHED)
+# The matrix's env: (RunnerSpec.env_settable); the plan follows the second backbone length (buckets.capture_plan)
+SETTABLE = {**VLLM_TPU_SETTABLE, "VLLM_TPU_MOST_MODEL_LEN": Annotated[StrictInt, Field(ge=1)]}
