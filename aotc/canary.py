@@ -40,10 +40,10 @@ from typing import Any
 
 from aotc.canary_requests import Planned, RequestLimits, plan_requests
 from aotc.engine_args import lora_module_paths
+from aotc.entry import hf_config
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
 from aotc.matrix import Entry, load_matrix
-from aotc.matrix import hf_config
 from aotc.runners.lora import ADAPTER_NAME, write_adapter
 from aotc.runners.traffic import lora_slots
 from aotc.processes import free_port
@@ -269,7 +269,7 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         models = adapters.models(command.model)
         unserved = unserved_options(entry)
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
-        images = entry.backend.traffic_images(entry, hf_config(entry))
+        images = entry.backend.planner.traffic_images(entry, hf_config(entry))
         planned = plan_requests(RequestLimits.of(entry, adapters.named, images), seed, unserved)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(run_bench, entry, command, work, requests, seed, models)
@@ -394,7 +394,7 @@ def unserved_options(entry: Entry) -> dict[str, str]:
     unserved = dict(entry.backend.unserved)
     if entry.engine.get("speculative_config"):
         unserved.update(SPECULATIVE_UNSERVED)
-    if entry.backend.traffic_images(entry, hf_config(entry)):
+    if entry.backend.planner.traffic_images(entry, hf_config(entry)):
         unserved.update(entry.backend.unserved_with_images)
     return unserved
 

@@ -1,24 +1,24 @@
 """The graph plan: every graph an entry needs, as data, before anything compiles.
 
 The runner executes a plan; it does not decide it. The rules themselves are the runner's (each
-backend pads differently): its ``RunnerSpec.buckets`` module, imported without any heavy dependency.
+backend pads differently): its ``RunnerSpec.planner``, which imports no heavy dependency.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from aotc.entry import Entry, hf_config
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.hf_cache import download_hint, hub_cache_dir
-from aotc.matrix import Entry, hf_config
 
 __all__ = ["BuildPlan", "GraphSpec", "hf_config", "model_config_source", "plan_entry", "plan_entries"]
 
 
 def plan_entry(entry: Entry) -> BuildPlan:
-    runner = entry.backend
-    graphs = tuple(runner.capture_plan(entry, hf_config(entry)))
-    return BuildPlan(entry, graphs, runner.bucket_summary(entry), model_config_source(entry))
+    planner = entry.backend.planner
+    graphs = tuple(planner.capture_plan(entry, hf_config(entry)))
+    return BuildPlan(entry, graphs, planner.bucket_summary(entry), model_config_source(entry))
 
 
 def model_config_source(entry: Entry) -> dict[str, Any]:
