@@ -38,7 +38,8 @@ class TpuInferenceRunner(SizedByStack, RunnerSpec):
 
     @property
     def planner(self) -> Planner:
-        from aotc.runners.tpu_inference.buckets import PLANNER  # plan-side rules: no JAX, but not needed to register
+        # imported on first use: vLLM imports this package in every process
+        from aotc.runners.tpu_inference.buckets import PLANNER
 
         return PLANNER
 

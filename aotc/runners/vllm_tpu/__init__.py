@@ -39,7 +39,8 @@ class VllmTpuRunner(SizedByStack, RunnerSpec):
 
     @property
     def planner(self) -> Planner:
-        from aotc.runners.vllm_tpu.buckets import PLANNER  # plan-side rules: no torch, but not needed to register
+        # imported on first use: vLLM imports this package in every process
+        from aotc.runners.vllm_tpu.buckets import PLANNER
 
         return PLANNER
 
