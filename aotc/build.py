@@ -292,7 +292,7 @@ def run_runner(mode: Mode, plan: BuildPlan, cache_dir: Path, work_dir: Path,
                on_progress: Callable[[str, float], None] | None = None, **options: Any) -> BuildResult | VerifyResult:
     """Run the entry's runner in a fresh process (aotc/runners/protocol.py); its log goes to
     ``work_dir/build.log`` (or verify.log), its progress lines come back on a pipe."""
-    request = Request(entry=plan.entry.to_dict(), plan=[g.to_dict() for g in plan.graphs],
+    request = Request(entry=plan.entry, plan=[g.to_dict() for g in plan.graphs],
                       cache_dir=str(cache_dir.resolve()), **options)
     request_path, result_path = work_dir / f"{mode}-request.json", work_dir / f"{mode}-result.json"
     request_path.write_text(request.model_dump_json(indent=1))

@@ -41,7 +41,8 @@ from aotc.canary_send import send_kinds
 from aotc.canary_verdict import CanaryResult, Snapshot, name_graphs, phase_between
 from aotc.errors import BadInput
 from aotc.manifest import Manifest
-from aotc.matrix import Entry, hf_config, load_matrix
+from aotc.entry import hf_config
+from aotc.matrix import Entry, load_matrix
 from aotc.processes import free_port
 from aotc.server import Server, ServerCommand, serve_command
 
@@ -114,7 +115,7 @@ def run_server(entry: Entry, command: ServerCommand, cache: Path, work: Path, ma
         models = adapters.models(command.model)
         unserved = unserved_options(entry)
         result.limitations = [f"{option} not requested: {why}" for option, why in unserved.items()]
-        images = entry.backend.traffic_images(entry, hf_config(entry))
+        images = entry.backend.planner.traffic_images(entry, hf_config(entry))
         planned = plan_requests(RequestLimits.of(entry, adapters.named, images), seed, unserved)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(run_bench, entry, command, work, requests, seed, models)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.matrix import Entry, hf_config
+from aotc.entry import Entry, hf_config
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -313,6 +313,6 @@ def unserved_options(entry: Entry) -> dict[str, str]:
     unserved = dict(entry.backend.unserved)
     if entry.engine.get("speculative_config"):
         unserved.update(SPECULATIVE_UNSERVED)
-    if entry.backend.traffic_images(entry, hf_config(entry)):
+    if entry.backend.planner.traffic_images(entry, hf_config(entry)):
         unserved.update(entry.backend.unserved_with_images)
     return unserved

@@ -17,12 +17,11 @@ from typing import Any
 
 from aotc import kv
 from aotc.engine_args import graph_args
+from aotc.entry import MODEL_FILES, Entry, hf_config
 from aotc.errors import BadInput
 from aotc.files import canonical_json, sha256_file
 from aotc.hf_cache import cached_commit
-from aotc.matrix import MODEL_FILES, Entry, hf_config
 from aotc.runners.flags import xla_flags
-from aotc.runners.paddings import full_length_blocks
 from aotc.runners.spec import runner_versions
 
 # 2: flags hashed as JAX hashes them (every word, duplicates kept, the stack's own additions once per
@@ -125,22 +124,20 @@ _SIZED = object()
 
 def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size: bool = True) -> int | None:
     """The KV page count the entry pins; None for a runner that pins none. The matrix's override, else the
-    stack's own sizing keyed by every other fingerprint input (``RunnerSpec.kv_size``, aotc/kv.py), else the
-    full-length rule. ``size=False``: never start the stack (an init container has neither it nor the
-    accelerator); a sizing not on disk raises ``KvNotSized``."""
+    runner's ``kv_pages``: the stack's own sizing, kept per every other fingerprint input (aotc/kv.py), or its
+    rule (by default the full-length one). ``size=False``: never start the stack (an init container has neither
+    it nor the accelerator); a sizing not on disk raises ``KvNotSized``."""
     if (pinned := kv.override(entry)) is not None:
         return pinned
     environ = dict(os.environ if environ is None else environ)
-    if entry.backend.kv_size:
+    if entry.backend.kv_sizing_inputs(environ) is not None:
         return kv.stack_kv_blocks(entry, environ, kv_sizing_key(entry, environ), size=size)
-    page = entry.backend.kv_page_size(entry)
-    return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page) if page else None
+    return entry.backend.kv_pages(entry, environ)
 
 
 def kv_sizing_key(entry: Entry, environ: dict[str, str]) -> dict[str, Any]:
     """What the stack's sizing answers: every fingerprint input but the count, and the variables it reads."""
-    return {"inputs": fingerprint_inputs(entry, environ, kv_blocks=None),
-            "sizing_env": {var: environ.get(var) for var in entry.backend.kv_sizing_env()}}
+    return {"inputs": fingerprint_inputs(entry, environ, kv_blocks=None), **entry.backend.kv_sizing_inputs(environ)}
 
 
 def pin_kv(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: int | None = None) -> Entry:
@@ -175,15 +172,15 @@ def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_b
         "kv_blocks": entry_kv_blocks(entry, environ) if kv_blocks is _SIZED else kv_blocks,
         "env": entry.backend.runner_env(entry, environ),
         "versions": runner_versions(entry.runner, environ),
-        "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry.backend.entry_flags(entry)),
+        "xla_flags": xla_flags(environ, entry.runner, entry_flags=entry.backend.planner.implied_flags(entry)),
     }
-    if (mesh := entry.backend.mesh(entry)) is not None:
+    if (mesh := entry.backend.planner.mesh(entry)) is not None:
         inputs["mesh"] = mesh
     if (twin := twin_digest(entry)) is not None:
         inputs["twin"] = twin
     # a hub model's config only where the matrix ships it: an init container has no Hugging Face cache, and
     # the key must be the one the build machine (which has it) computed
-    if fixes := entry.backend.serving_fixes(entry, hf_config(entry) if entry.model_path else None):
+    if fixes := entry.backend.planner.serving_fixes(entry, hf_config(entry) if entry.model_path else None):
         inputs["serving_fixes"] = code_digest(fixes)
     return inputs
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from aotc.matrix import Entry
+    from aotc.entry import Entry
 
 
 def graph_key(family: str, shape: dict[str, Any]) -> str:

@@ -1,17 +1,18 @@
 """The graph plan: every graph an entry needs, as data, before anything compiles.
 
 The runner executes a plan; it does not decide it. The rules themselves are the runner's (each
-backend pads differently): its ``RunnerSpec.buckets`` module, imported without any heavy dependency.
+backend pads differently): its ``RunnerSpec.planner``, which imports no heavy dependency.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from aotc.entry import Entry, hf_config
 from aotc.errors import BadInput
 from aotc.graphs import BuildPlan, GraphSpec
 from aotc.hf_cache import download_hint, hub_cache_dir
-from aotc.matrix import Entry, entry_problems, hf_config
+from aotc.matrix import entry_problems
 
 __all__ = ["BuildPlan", "GraphSpec", "hf_config", "model_config_source", "plan_entry", "plan_entries"]
 
@@ -19,11 +20,11 @@ __all__ = ["BuildPlan", "GraphSpec", "hf_config", "model_config_source", "plan_e
 def plan_entry(entry: Entry) -> BuildPlan:
     """The entry's graphs. Its refusals first (``entry_problems``), with the config.json this machine reads now:
     a build fetches a hub model's after the matrix was read without it."""
-    runner, config = entry.backend, hf_config(entry)
+    planner, config = entry.backend.planner, hf_config(entry)
     if problems := entry_problems(entry, config):
         raise BadInput(f"{entry.name}: {problems[0]}")
-    graphs = tuple(runner.capture_plan(entry, config))
-    return BuildPlan(entry, graphs, runner.bucket_summary(entry), model_config_source(entry))
+    graphs = tuple(planner.capture_plan(entry, config))
+    return BuildPlan(entry, graphs, planner.bucket_summary(entry), model_config_source(entry))
 
 
 def model_config_source(entry: Entry) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def serve_settings(entry: Entry, cache_dir: str, kv_blocks: int | None = None
 
     entry = pin_kv(entry, kv_blocks=kv_blocks)
     try:
-        args, env = entry.backend.serve(entry.to_dict(), str(cache_dir))
+        args, env = entry.backend.serve(entry, str(cache_dir))
     except NotImplementedError as exc:
         raise ValueError(str(exc)) from None
     env = {**env, **{k: str(v) for k, v in entry.env.items()}}

@@ -4,14 +4,19 @@ inside a function, read with ``ast`` (nothing is imported).
 - the interface (``aotc.runners`` outside the backend packages) imports only leaves;
 - a backend imports only the interface, the leaves and itself, never the core or another backend;
 - the core never names a backend;
-- no import circle anywhere (a package importing its own submodules is not one);
+- no import circle anywhere (a package importing its own submodules is not one, nor an import for type checkers
+  alone, ``if TYPE_CHECKING:``: the runner spec names ``Entry`` in its hooks' types, ``Entry`` finds its runner);
 - only the CLI layer draws on a terminal (rich, tqdm): cli.py and render.py.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 from pathlib import Path
+
+import pytest
 
 from .conftest import REPO
 
@@ -20,7 +25,7 @@ BACKENDS = ("aotc.runners.vllm_tpu", "aotc.runners.tpu_inference")
 INTERFACE = "aotc.runners"
 # Data types and helpers every layer may use; each imports only other leaves and the runner spec.
 LEAVES = frozenset({"aotc.errors", "aotc.files", "aotc.processes", "aotc.engine_args", "aotc.graphs", "aotc.matrix",
-                    "aotc.hf_cache"})
+                    "aotc.hf_cache", "aotc.entry"})
 
 
 def module_name(path: Path) -> str:
@@ -32,11 +37,25 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The aotc modules ``name`` imports, ``from pkg import mod`` resolved to the module."""
+def type_checking_blocks(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under an ``if TYPE_CHECKING:``: imports type checkers read and Python never runs."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            inside.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    return inside
+
+
+def imported(name: str, path: Path, known: dict[str, Path], typing: bool = True) -> set[str]:
+    """The aotc modules ``name`` imports, ``from pkg import mod`` resolved to the module (``typing=False``: those
+    it imports at run time only)."""
     found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = set() if typing else type_checking_blocks(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -49,9 +68,9 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return {m for m in found if m in known and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(typing: bool = True) -> dict[str, set[str]]:
     known = modules()
-    return {name: imported(name, path, known) for name, path in known.items()}
+    return {name: imported(name, path, known, typing) for name, path in known.items()}
 
 
 def layer(name: str) -> str:
@@ -122,7 +141,7 @@ def test_each_layer_imports_only_what_it_may():
 
 
 def test_no_import_circles():
-    assert circles(import_graph()) == []
+    assert circles(import_graph(typing=False)) == []
 
 
 def test_the_checks_catch_a_backend_importing_the_core_and_a_circle():
@@ -150,3 +169,43 @@ def test_only_the_cli_layer_draws_on_a_terminal():
 
 def test_every_backend_package_exists():
     assert all(name in modules() for name in BACKENDS)
+
+
+def entry_hooks(cls: type) -> dict[str, str]:
+    """Each method of ``cls`` taking an ``entry``, with that parameter's annotation (a string: the modules
+    postpone annotations)."""
+    hooks = {}
+    for name in dir(cls):
+        member = inspect.getattr_static(cls, name)
+        function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+        if inspect.isfunction(function) and "entry" in inspect.signature(function).parameters:
+            hooks[f"{cls.__name__}.{name}"] = inspect.signature(function).parameters["entry"].annotation
+    return hooks
+
+
+def test_every_backend_hook_takes_the_entry_typed():
+    """The runner interface and each registered backend's spec and planner name ``Entry``, never ``Any`` or a
+    dict: what a hook receives is the matrix's entry, the same in the core and in a runner process."""
+    from aotc.runners.spec import Planner, RunnerSpec, registered
+
+    classes = {Planner, RunnerSpec} | {c for spec in registered().values() for c in (type(spec), type(spec.planner))}
+    hooks = {name: annotation for cls in classes for name, annotation in entry_hooks(cls).items()}
+    assert {"Planner.capture_plan", "RunnerSpec.kv_pages", "RunnerSpec.validate", "RunnerSpec.serve"} <= set(hooks)
+    assert {name: annotation for name, annotation in hooks.items() if annotation != "Entry"} == {}
+
+
+def test_a_backend_must_give_a_planner_and_its_two_required_rules():
+    from aotc.runners.spec import Planner, RunnerSpec
+
+    @dataclasses.dataclass(frozen=True)
+    class NoPlanner(RunnerSpec):
+        pass
+
+    class NoSummary(Planner):
+        def capture_plan(self, entry, hf_config):
+            return []
+
+    with pytest.raises(TypeError, match="planner"):
+        NoPlanner(name="x", module="x", packages=())
+    with pytest.raises(TypeError, match="bucket_summary"):
+        NoSummary()

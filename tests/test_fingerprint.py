@@ -14,7 +14,8 @@ import pytest
 from aotc.cli import main
 from aotc.errors import MatrixError
 from aotc.fingerprint import diff_inputs, fingerprint_entry
-from aotc.matrix import MODEL_FILES, parse_matrix
+from aotc.entry import MODEL_FILES
+from aotc.matrix import parse_matrix
 from aotc.runners.spec import load_runner
 
 from .conftest import CONFIGS, REPO, launch_environ, run_aotc
@@ -298,7 +299,7 @@ def kept_sizing(home) -> Path:
 
     entry = load_matrix(TPU_CONFIG).entry(TPU_ENTRY)
     environ = {**launch_environ(), "AOTC_HOME": str(home)}
-    return kv.sizing_path(kv_sizing_key(entry, environ), environ, entry.backend.kv_size)
+    return kv.sizing_path(kv_sizing_key(entry, environ), environ)
 
 
 @pytest.mark.parametrize("kept, trusted", [(4096, True), (True, False), (-7, False), (1e3, False), ("64", False)])

@@ -337,9 +337,18 @@ def test_strict_marks_the_steps_requests_to_fail(monkeypatch, tmp_path):
     assert session.take_failing() == set()
 
 
+@dataclasses.dataclass(frozen=True)
+class UnwatchedRunner(RunnerSpec):
+    """A runner whose stack has no compile counter: ``RunnerSpec.watcher``'s default."""
+
+    @property
+    def planner(self):
+        return load_runner("vllm-tpu").planner
+
+
 def test_a_runner_without_a_watcher_says_so(caplog, monkeypatch, tmp_path):
     monkeypatch.setenv(guard_metrics.METRICS_DIR_ENV, str(tmp_path))
-    spec = RunnerSpec(name="vllm-tpu", module="m", buckets="b", packages=())  # no watcher
+    spec = UnwatchedRunner(name="vllm-tpu", module="m", packages=())
     session = guard.GuardSession("log", spec)
     done = listen(caplog)
     try:

@@ -35,7 +35,7 @@ def entry(runner="tpu-inference", engine=None, **axes):
 
 def sweep(e, seed=0, requests=40):
     p = paddings(e)
-    limits = traffic.Limits.of(e.to_dict(), p["reqs"], p["tokens"], token_buckets=p["tokens"])
+    limits = traffic.Limits.of(e, p["reqs"], p["tokens"], token_buckets=p["tokens"])
     return traffic.plan_traffic(seed, requests, limits, 500)
 
 

@@ -66,7 +66,7 @@ def expected(config):
     entry = Entry(name=ENTRY, model_name="toy-model", model="org/toy-model", revision="main", runner="toy",
                   device="cpu", accelerator="v6e-8", dtype="bfloat16", max_model_len=512, max_num_seqs=16,
                   max_num_batched_tokens=64, tensor_parallel_size=1)
-    return buckets.capture_plan(entry)
+    return buckets.PLANNER.capture_plan(entry, None)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ def entry(seqs: int, length: int, budget: int, gap: int = 0) -> Entry:
 
 def limits(e: Entry) -> traffic.Limits:
     p = paddings(e)
-    return traffic.Limits.of(e.to_dict(), p["reqs"], p["tokens"], token_buckets=p["tokens"])
+    return traffic.Limits.of(e, p["reqs"], p["tokens"], token_buckets=p["tokens"])
 
 
 def padded(buckets, x: int) -> int:
@@ -70,7 +70,7 @@ def test_each_grid_batch_is_one_prefill_step_of_its_shape():
 def test_the_grid_comes_on_top_of_the_same_coverage_and_random_requests():
     e = entry(16, 128, 64)
     p = paddings(e)
-    without = traffic.Limits.of(e.to_dict(), p["reqs"], p["tokens"])
+    without = traffic.Limits.of(e, p["reqs"], p["tokens"])
     assert traffic.step_shapes(without) == []
     for requests in (8, 40, 120):
         plain = traffic.plan_traffic(3, requests, without, VOCAB)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from aotc.entry import Entry, hf_config
 from aotc.graphs import GraphSpec
-from aotc.matrix import Entry, hf_config
 from aotc.runners.traffic import Limits
 
 
@@ -14,9 +14,8 @@ def is_multimodal(config: dict | None) -> bool:
     return bool(config) and any(k in config for k in ("vision_config", "audio_config"))
 
 
-def entry_is_multimodal(entry: dict[str, Any]) -> bool:
-    """For a runner process, which holds the entry as the protocol's dict."""
-    return is_multimodal(hf_config(Entry.from_dict(entry)))
+def entry_is_multimodal(entry: Entry) -> bool:
+    return is_multimodal(hf_config(entry))
 
 
 def images_per_prompt(entry: Entry) -> int:

@@ -22,9 +22,11 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError
+
+from aotc.entry import Entry
 
 PROGRESS_FD_ENV = "AOTC_PROGRESS_FD"
 Mode = Literal["build", "verify"]
@@ -41,26 +43,30 @@ class PlannedGraph(_Strict):
     """The stack's warm-up skips it; the runner compiles it as the warm-up would (GraphSpec.beyond_warmup)."""
 
 
+def _entry(value: Any) -> Entry:
+    if isinstance(value, Entry):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"not a matrix entry: expected a mapping, got {type(value).__name__}")
+    try:
+        return Entry.from_dict(value)
+    except TypeError as exc:
+        raise ValueError(f"not a matrix entry: {exc}") from None
+
+
+# On the wire ``Entry.to_dict()``, its fields checked; in a runner, the ``Entry`` itself.
+WireEntry = Annotated[Entry, PlainValidator(_entry), PlainSerializer(Entry.to_dict)]
+
+
 class Request(_Strict):
-    entry: dict[str, Any]
-    """``Entry.to_dict()`` (aotc/matrix.py); checked against the Entry fields."""
+    entry: WireEntry
+    """The matrix entry (aotc/entry.py); JSON ``Entry.to_dict()`` in the request file."""
     plan: list[PlannedGraph]
     cache_dir: str
     traffic: int = Field(default=32, ge=0)
     seed: int = 0
     precompile_workers: int | None = Field(default=None, ge=1)
     """The backend's own parallel precompile (tpu-inference: NUM_PRECOMPILE_WORKERS); None: its default."""
-
-    @field_validator("entry")
-    @classmethod
-    def _entry(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from aotc.matrix import Entry
-
-        try:
-            Entry.from_dict(value)
-        except TypeError as exc:
-            raise ValueError(f"not a matrix entry: {exc}") from None
-        return value
 
 
 class Graph(_Strict):
@@ -195,7 +201,7 @@ def load_request(path: str, mode: Mode) -> Request:
 
 
 def serve(prog: str, run: Callable[[Mode, Request], BuildResult | VerifyResult], argv: list[str] | None = None,
-          check: Callable[[dict[str, Any]], None] | None = None) -> int:
+          check: Callable[[Entry], None] | None = None) -> int:
     """Parse argv, validate the request (``check`` adds the runner's own rules; ValueError → exit 2), run it
     and always leave a result file."""
     parser = argparse.ArgumentParser(prog=prog)

@@ -8,39 +8,84 @@ Everything here is import-light: a backend's hooks import its stack inside thems
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import os
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aotc.errors import BadInput
+from aotc.runners.paddings import full_length_blocks
+
+if TYPE_CHECKING:  # data types below the interface; entry.py resolves an entry's runner here at run time
+    from aotc.entry import Entry
+    from aotc.graphs import GraphSpec
 
 ENTRY_POINT_GROUP = "aotc.runners"
 # The matrix's runner when it names none (docs/design.md, "Matrix"): the first backend aotc had.
 DEFAULT_RUNNER = "vllm-tpu"
 
 
+class Planner(ABC):
+    """A backend's plan side (in the spirit of fsspec's ``AbstractFileSystem``): the stack's padding rules and
+    warm-up loops re-implemented as pure functions of an entry and its model config, so plan and fingerprint run
+    without the stack. Two methods are required; every other one has a default a backend overrides only when
+    its stack has that rule. It must stay import-light: no heavy stack at module level or in these methods."""
+
+    @abstractmethod
+    def capture_plan(self, entry: Entry, hf_config: dict | None) -> list[GraphSpec]:
+        """Every graph the entry needs, in the order the stack's warm-up compiles them."""
+
+    @abstractmethod
+    def bucket_summary(self, entry: Entry) -> dict[str, Any]:
+        """The padded buckets behind the plan, for ``aotc plan`` and the report."""
+
+    def kv_page_size(self, entry: Entry) -> int | None:
+        """Tokens per KV page, for the full-length page count (``RunnerSpec.kv_pages``' default); None: the
+        runner pins no page count."""
+        return None
+
+    def implied_flags(self, entry: Entry) -> dict[str, tuple[str, ...]]:
+        """XLA_FLAGS / LIBTPU_INIT_ARGS words the runner adds for this entry (e.g. the twin's device count)."""
+        return {}
+
+    def implied_env(self, entry: Entry) -> dict[str, str]:
+        """Values of ``env_vars`` the entry implies when the matrix sets none (e.g. LoRA's model code)."""
+        return {}
+
+    def mesh(self, entry: Entry) -> dict[str, Any] | None:
+        """The device mesh the entry's graphs are sharded over; None: the runner declares none."""
+        return None
+
+    def traffic_images(self, entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
+        """(height, width, image tokens) of the images a server of this entry is sent (the sweep's and the
+        canary's); () for a text model."""
+        return ()
+
+    def serving_fixes(self, entry: Entry, hf_config: dict | None) -> tuple[str, ...]:
+        """Modules the runner's plugin installs in every serving process (a pod's too) that change which graphs a
+        server of this entry compiles (e.g. aotc/runners/tpu_inference/serving_fixes.py): the fingerprint hashes
+        their code, so an artifact is never served under other fixes. () for none."""
+        return ()
+
+
 @dataclass(frozen=True)
-class RunnerSpec:
+class RunnerSpec(ABC):
     """A backend, as the core sees it (in the spirit of vLLM's ``Platform``): static facts are fields, each hook
-    is a documented method with a default. A backend subclasses it, overrides the hooks its stack has
-    (importing its heavy modules inside them, never at class level) and registers one instance. The core
-    resolves it once per entry (``load_runner``) and calls only these methods."""
+    is a documented method taking an ``Entry``, with a default where one makes sense; the plan side is the
+    ``planner`` (required). A backend subclasses it, overrides the hooks its stack has (importing its heavy
+    modules inside them, never at class level) and registers one instance. The core resolves it once per entry
+    (``load_runner``) and calls only these methods."""
 
     name: str
     """The matrix's ``runner:`` value, e.g. ``vllm-tpu``."""
     module: str
     """Run as ``python -m <module> {build|verify} REQUEST.json RESULT.json`` (aotc/runners/protocol.py)."""
-    buckets: str
-    """Module holding the plan-side primitives the default hooks derive from: ``capture_plan(entry, hf_config)``
-    and ``bucket_summary(entry)`` (required), ``kv_page_size``, ``implied_flags``, ``implied_env``, ``mesh``
-    (optional, each ``(entry)``) and ``traffic_images(entry, hf_config)``. It imports no heavy stack: plan and fingerprint run without one."""
     packages: tuple[str, ...]
     """Distributions whose versions enter the fingerprint (read from metadata, never imported)."""
     env_vars: tuple[str, ...] = ()
@@ -63,17 +108,13 @@ class RunnerSpec:
     """Request options the stock server of this stack cannot serve -> why (the upstream reference). The
     canary leaves them out of its load and reports each one: a documented limitation, never a silent skip."""
     unserved_with_images: Mapping[str, str] = field(default_factory=dict)
-    """As ``unserved``, for an entry whose server is sent images (``traffic_images``)."""
+    """As ``unserved``, for an entry whose server is sent images (``Planner.traffic_images``)."""
     pins: Mapping[str, str] = field(default_factory=dict)
     """The versions of ``packages`` this aotc supports (its lock file; a test keeps them equal): the
     fingerprint's versions where the runner's interpreter is not installed, e.g. a fetch init container."""
     cache_loads: bool = False
     """The stack reads its persistent cache back: a build may seed it from the store (aotc/reuse.py) and the
     runner's build result lists ``cache_reads`` / ``cache_writes`` (cache file names)."""
-    kv_size: str | None = None
-    """Module run as ``python -m <module>`` with an entry's JSON on stdin that prints ``{"kv_blocks": N}``: the
-    KV page count the stack itself sizes for the entry on its device (aotc/kv.py); its ``SIZING_ENV`` names
-    the variables that sizing reads besides the fingerprint's. None: the full-length rule (``kv_page_size``)."""
     loads_models: bool = True
     """The stack loads the matrix's model as vLLM does (a hub id from the Hugging Face hub): a build fetches a hub
     model's config.json, which the plan reads, before planning. False for a runner without a model."""
@@ -85,31 +126,27 @@ class RunnerSpec:
     """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
     its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
 
-    # -- plan side: derived from the ``buckets`` module ------------------------------------------------------
-    def capture_plan(self, entry: Any, hf_config: dict | None) -> list[Any]:
-        """Every graph the entry needs (``GraphSpec``), in the order the stack's warm-up compiles them."""
-        return self._buckets().capture_plan(entry, hf_config)
+    # -- plan side ---------------------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def planner(self) -> Planner:
+        """The backend's ``Planner`` (required). A planner module that is not import-light is imported here, on
+        first use."""
 
-    def bucket_summary(self, entry: Any) -> dict[str, Any]:
-        """The padded buckets behind the plan, for ``aotc plan`` and the report."""
-        return self._buckets().bucket_summary(entry)
+    def kv_pages(self, entry: Entry, environ: Mapping[str, str]) -> int | None:
+        """The KV page count a stock server of this stack gives an entry that pins none (vLLM's
+        ``num_gpu_blocks_override``, a shape in every backbone graph). Default: the full-length rule, every
+        sequence at ``max_model_len`` (``Planner.kv_page_size`` tokens a page) + vLLM's null block; None: the
+        runner pins no page count. A stack that sizes the cache itself on the entry's device overrides this
+        and ``kv_sizing_inputs`` (both: ``SizedByStack`` in aotc/runners/kv_sizing.py)."""
+        page = self.planner.kv_page_size(entry)
+        return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page) if page else None
 
-    def kv_page_size(self, entry: Any) -> int | None:
-        """Tokens per KV page, for the full-length page count of a runner without ``kv_size`` (aotc/kv.py);
-        None: the runner pins no page count."""
-        return self._derived("kv_page_size", entry, None)
-
-    def kv_sizing_env(self) -> tuple[str, ...]:
-        """Variables the ``kv_size`` module's sizing reads besides the fingerprint's (its ``SIZING_ENV``)."""
-        return tuple(importlib.import_module(self.kv_size).SIZING_ENV) if self.kv_size else ()
-
-    def entry_flags(self, entry: Any) -> dict[str, tuple[str, ...]]:
-        """XLA_FLAGS / LIBTPU_INIT_ARGS words the runner adds for this entry (e.g. the twin's device count)."""
-        return self._derived("implied_flags", entry, {})
-
-    def implied_env(self, entry: Any) -> dict[str, str]:
-        """Values of ``env_vars`` the entry implies when the matrix sets none (e.g. LoRA's model code)."""
-        return self._derived("implied_env", entry, {})
+    def kv_sizing_inputs(self, environ: Mapping[str, str]) -> dict[str, Any] | None:
+        """None: ``kv_pages`` is a rule of the entry alone. Otherwise ``kv_pages`` starts the stack, and this is
+        what its answer depends on besides the fingerprint inputs (the variables it reads, its code's digest):
+        the core keeps each answer keyed on both and starts no stack where it may not (aotc/kv.py)."""
+        return None
 
     def matrix_env(self) -> Mapping[str, Any]:
         """What a matrix's ``env:`` may set for this runner: variable -> the type of its value."""
@@ -119,10 +156,10 @@ class RunnerSpec:
             return {var: StrictStr | StrictInt for var in self.env_vars}
         return self.env_settable
 
-    def runner_env(self, entry: Any, environ: Mapping[str, str]) -> dict[str, str]:
+    def runner_env(self, entry: Entry, environ: Mapping[str, str]) -> dict[str, str]:
         """The runner-read variables as the build will set them: the matrix's value, else what the runner
-        implies for the entry (``implied_env``), else the process's."""
-        implied = self.implied_env(entry)
+        implies for the entry (``Planner.implied_env``), else the process's."""
+        implied = self.planner.implied_env(entry)
         env = {}
         for var in self.env_vars:
             if var in entry.env:
@@ -133,30 +170,13 @@ class RunnerSpec:
                 env[var] = environ[var]
         return env
 
-    def traffic_images(self, entry: Any, hf_config: dict | None) -> tuple[tuple[int, int, int], ...]:
-        """(height, width, image tokens) of the images a server of this entry is sent (the sweep's and the
-        canary's); () for a text model."""
-        rule = getattr(self._buckets(), "traffic_images", None)
-        return tuple(rule(entry, hf_config)) if rule else ()
-
-    def serving_fixes(self, entry: Any, hf_config: dict | None) -> tuple[str, ...]:
-        """Modules the runner's plugin installs in every serving process (a pod's too) that change which graphs a
-        server of this entry compiles (e.g. aotc/runners/tpu_inference/serving_fixes.py): the fingerprint hashes
-        their code, so an artifact is never served under other fixes. () for none."""
-        rule = getattr(self._buckets(), "serving_fixes", None)
-        return tuple(rule(entry, hf_config)) if rule else ()
-
-    def mesh(self, entry: Any) -> dict[str, Any] | None:
-        """The device mesh the entry's graphs are sharded over; None: the runner declares none."""
-        return self._derived("mesh", entry, None)
-
     # -- stack side: backends override these -----------------------------------------------------------------
-    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+    def validate(self, entry: Entry, hf_config: dict | None) -> list[str]:
         """The stack's own rules for an entry, one problem a line as ``KEY.PATH: reason`` (key path relative
         to the model, e.g. ``env.X: ...``); [] when valid."""
         return []
 
-    def serve(self, entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+    def serve(self, entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
         """The stock ``vllm serve`` for an entry: (engine arguments, env; None means unset)."""
         raise NotImplementedError(f"runner {self.name} cannot describe its stock server")
 
@@ -188,13 +208,6 @@ class RunnerSpec:
     def python_env(self) -> str:
         """The variable naming this runner's interpreter when its stack has its own venv."""
         return "AOTC_PYTHON_" + self.name.upper().replace("-", "_")
-
-    def _buckets(self) -> Any:
-        return importlib.import_module(self.buckets)
-
-    def _derived(self, primitive: str, entry: Any, default: Any) -> Any:
-        rule = getattr(self._buckets(), primitive, None)
-        return rule(entry) if rule else default
 
 
 class UnknownRunner(ValueError):

@@ -21,6 +21,8 @@ import random
 import tempfile
 from typing import Any
 
+from aotc.entry import Entry
+
 MAX_NEW_TOKENS = 12
 # A step-grid batch needs its first step (the prefill) and one decode step; more tokens add nothing to it.
 STEP_NEW_TOKENS = 2
@@ -63,11 +65,11 @@ class Limits:
         return bool(self.prompt_logprob_buckets)
 
     @classmethod
-    def of(cls, entry: dict[str, Any], request_buckets: list[int], prompt_logprob_buckets: list[int] = (),
+    def of(cls, entry: Entry, request_buckets: list[int], prompt_logprob_buckets: list[int] = (),
            token_buckets: list[int] = ()) -> Limits:
-        return cls(entry["max_model_len"], entry["max_num_seqs"], entry["max_num_batched_tokens"],
+        return cls(entry.max_model_len, entry.max_num_seqs, entry.max_num_batched_tokens,
                    tuple(request_buckets), tuple(prompt_logprob_buckets), tuple(token_buckets),
-                   lora_slots(entry.get("engine") or {}))
+                   lora_slots(entry.engine))
 
 
 def lora_slots(engine: dict[str, Any]) -> int:

@@ -13,12 +13,14 @@ import json
 import os
 import sys
 
+from aotc.entry import Entry
+
 OUTCOME = "AOTC_TEST_OUTCOME "  # vLLM logs to stdout too: the outcome line is marked
 
 def main() -> int:
     entry_path, cache_dir = sys.argv[1:3]
     with open(entry_path) as f:
-        entry = json.load(f)
+        entry = Entry.from_dict(json.load(f))
     from aotc.runners.vllm_tpu import engine
 
     llm, _ = engine.start_engine(entry, cache_dir, seed=0)

@@ -19,6 +19,7 @@ import tempfile
 
 def main() -> None:
     request = json.load(sys.stdin)
+    from aotc.entry import Entry
     from aotc.runners import kv_sizing
 
     package = "aotc.runners." + request["runner"].replace("-", "_")
@@ -50,7 +51,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as cache_dir:
         try:
-            engine.start_engine(request["entry"], cache_dir, before_start=capture, **seed)
+            engine.start_engine(Entry.from_dict(request["entry"]), cache_dir, before_start=capture, **seed)
         except kv_sizing.Sized as done:
             sized = done.num_blocks
     get_kv_cache_configs = seen["get_kv_cache_configs"]

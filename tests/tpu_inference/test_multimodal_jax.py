@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from aotc.graphs import GraphSpec
-from aotc.matrix import hf_config, load_matrix
+from aotc.entry import hf_config
+from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.tpu_inference import buckets, gemma4_vision, llama_guard_4, qwen3_vl
 from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
@@ -100,7 +101,7 @@ def test_images_above_the_step_budget_plan_the_padded_encoder_the_warmup_stops_s
     largest = DYNAMIC.engine["mm_processor_kwargs"]["max_pixels"] // 14 ** 2
     assert max(warmup) == DYNAMIC.max_num_batched_tokens * 4 < largest
     assert beyond == [n for n in (max(warmup) * 2 ** i for i in range(1, 8)) if n // 2 < largest]
-    sent = DYNAMIC.backend.traffic_images(DYNAMIC, hf_config(DYNAMIC))
+    sent = DYNAMIC.backend.planner.traffic_images(DYNAMIC, hf_config(DYNAMIC))
     assert any(max(warmup) < h * w // 14 ** 2 <= largest for h, w, _ in sent)
     assert not large_image_encoder_graphs(ENTRY, hf_config(ENTRY))  # images by grid: no padded encoder
 
@@ -267,7 +268,7 @@ def test_qwen3_vl_plans_its_tower_per_token_budget_and_nothing_per_image():
         expected |= {GraphSpec.of("place_encoder_rows", True, num_tokens=t, encoder_rows=b).key for b in budgets}
     assert beyond == expected
     assert not set(plan.families()) & {"image_encoder", "vision_encoder", "vision_encoder_padded"}
-    sent = QWEN3_VL.backend.traffic_images(QWEN3_VL, hf_config(QWEN3_VL))
+    sent = QWEN3_VL.backend.planner.traffic_images(QWEN3_VL, hf_config(QWEN3_VL))
     assert len({tokens for _, _, tokens in sent}) >= 4  # a spread of sizes, each within the smallest budget
 
 

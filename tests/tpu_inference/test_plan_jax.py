@@ -290,7 +290,7 @@ def multimodal_entry(case: dict):
 
 
 def multimodal_capture_cases() -> list[dict]:
-    from aotc.matrix import hf_config
+    from aotc.entry import hf_config
 
     cases = []
     for case in multimodal_sweep():
@@ -308,7 +308,7 @@ def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(captured
     warm-up lists exactly the `_run_compilation` calls capture_model makes for a multimodal runner (the text-only
     backbone, the model's own precompile_vision_encoder, the input-embeddings merger and the backbone over input
     embeddings), by family and shape, in the engine's order."""
-    from aotc.matrix import hf_config
+    from aotc.entry import hf_config
 
     assert len(captured["calls"]) == len(feature_sweep()) + len(multimodal_sweep())
     for case, calls in zip(multimodal_sweep(), captured["calls"][len(feature_sweep()):]):
@@ -326,7 +326,7 @@ def test_multimodal_plans_equal_what_tpu_inferences_capture_model_calls(captured
 
 
 def test_plan_refuses_multimodal_architectures_it_does_not_follow():
-    from aotc.matrix import hf_config
+    from aotc.entry import hf_config
 
     entry = load_matrix(MULTIMODAL).entries[0]
     config = {**hf_config(entry), "architectures": ["Qwen2VLForConditionalGeneration"]}
@@ -353,7 +353,7 @@ def test_qwen3_vl_subclasses_planned_on_its_path_change_none_of_its_methods_but_
 def test_the_refusal_names_the_stacks_per_grid_tower_where_its_own_predicate_jits_one(facts):
     """The architectures refused for the stack's per-grid vision jit (Qwen3-VL and its kin) are exactly those whose
     model tpu-inference's own has_jittable_vision accepts, over vLLM's registry."""
-    from aotc.matrix import hf_config
+    from aotc.entry import hf_config
 
     assert set(facts["grid_jitted_vision"]) == buckets.GRID_JITTED_VISION_ARCHITECTURES
     entry = load_matrix(MULTIMODAL).entries[0]
@@ -369,7 +369,7 @@ def test_the_refusal_names_the_stacks_per_grid_tower_where_its_own_predicate_jit
 @pytest.mark.parametrize("impl, tower, reason", [("flax_nnx", "clip_vision_model", "has no JAX"),
                                                  ("auto", "pixtral", "Pixtral")])
 def test_plan_refuses_llava_where_the_stack_has_no_model_or_its_images_have_no_one_size(impl, tower, reason):
-    from aotc.matrix import hf_config
+    from aotc.entry import hf_config
 
     base = load_matrix(MULTIMODAL).entries[LLAVA]
     entry = type(base)(**{**base.to_dict(), "env": {**base.env, "MODEL_IMPL_TYPE": impl}})

@@ -66,7 +66,7 @@ def test_the_twins_device_flag_joins_the_environment_it_is_given_not_this_proces
     from aotc.runners.tpu_inference.engine import runtime_env
 
     monkeypatch.setenv("XLA_FLAGS", "--from_this_process")
-    entry = parse_matrix(matrix_text(4)).entries[0].to_dict()
+    entry = parse_matrix(matrix_text(4)).entries[0]
     flags = runtime_env(entry, str(tmp_path), environ={"XLA_FLAGS": "--from_the_launch"})["XLA_FLAGS"].split()
     assert "--xla_force_host_platform_device_count=4" in flags and "--from_the_launch" in flags
     assert "--from_this_process" not in flags

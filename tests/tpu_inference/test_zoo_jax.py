@@ -115,7 +115,7 @@ def test_a_target_the_stack_runs_on_vllms_model_drafts_only_with_its_draft_set_t
     Dense Qwen3.5's target resolves as its draft does and needs nothing."""
     import dataclasses
 
-    from aotc.matrix import hf_config
+    from aotc.entry import hf_config
     from aotc.runners.tpu_inference import rules
 
     entry = ENTRIES["qwen3_5-moe-mtp"]
@@ -147,7 +147,7 @@ def built_architectures() -> set[str]:
     """Every architecture a suite matrix builds on tpu-inference's JAX path (not through vLLM's model): its
     models', and a draft's as vLLM names it (EAGLE-3: Eagle3<arch>; DFlash: DFlash<arch> unless the name has
     DFlash already; a Gemma 4 assistant: Gemma4MTPModel, SpeculativeConfig.hf_config_override)."""
-    from aotc.matrix import hf_config
+    from aotc.entry import hf_config
     from aotc.runners.tpu_inference.rules import on_jax_path
 
     found: set[str] = set()

@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from aotc.entry import Entry
 from aotc.runners.tpu_inference import engine
 from aotc.runners.tpu_inference.topology import compile_only_devices, target_facts, topology_for
 
@@ -148,7 +149,10 @@ facts = {
     "entries": entries(request.get("artifact_cache")),
 }
 try:
-    engine.compile_only_target({"device": "tpu", "accelerator": "v6e-16"})
+    engine.compile_only_target(Entry(name="multi-host", model_name="m", model="m", revision="main",
+                                     runner="tpu-inference", device="tpu", accelerator="v6e-16", dtype="bfloat16",
+                                     max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64,
+                                     tensor_parallel_size=16))
 except ValueError as exc:
     facts["multi_host_refusal"] = str(exc)
 v6e = topology_for("v6e-1")

@@ -23,8 +23,13 @@ from aotc.runners.vllm_tpu import cpu_platform, engine
 from .conftest import REPO, demo_entry
 
 
-def tpu_entry() -> dict:
-    return {**demo_entry(), "device": "tpu", "accelerator": "v6e-8"}
+def entry_of(**changes) -> Entry:
+    """The demo entry as a runner receives it (``Request.entry``), with ``changes``."""
+    return Entry.from_dict({**demo_entry(), **changes})
+
+
+def tpu_entry(**changes) -> Entry:
+    return entry_of(device="tpu", accelerator="v6e-8", **changes)
 
 
 def test_platform_plugin_is_declared_for_vllm():
@@ -68,18 +73,18 @@ def test_tpu_env_points_vllm_at_staging_and_disables_twin_mocked_tpu(tmp_path):
 
 
 def test_cpu_env_selects_twin_on_pjrt_cpu(tmp_path):
-    env = engine.runtime_env(demo_entry(), str(tmp_path))
+    env = engine.runtime_env(entry_of(), str(tmp_path))
     assert env["AOTC_CPU_TWIN"] == "1" and env["PJRT_DEVICE"] == "CPU"
     assert env["AOTC_TWIN_DEVICE_NAME"] == "TPU V6E"
 
 
 def test_engine_args_pick_worker_per_device():
     assert engine.engine_args(tpu_entry(), 0)["worker_cls"] == "aotc.runners.vllm_tpu.worker.AotcTPUWorker"
-    args = engine.engine_args(pin_kv(Entry.from_dict(demo_entry())).to_dict(), 3)
+    args = engine.engine_args(pin_kv(entry_of()), 3)
     assert args["worker_cls"] == "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
     assert args["load_format"] == "dummy" and args["seed"] == 3 and args["block_size"] == 16
     # the KV page count the core pins (the stack's sizing of the twin's HBM) reaches the engine
-    assert args["num_gpu_blocks_override"] == entry_kv_blocks(Entry.from_dict(demo_entry()))
+    assert args["num_gpu_blocks_override"] == entry_kv_blocks(entry_of())
 
 
 def test_start_engine_mocked_tpu_starts_vllm_with_tpu_worker_and_cache(tmp_path, monkeypatch):
@@ -129,8 +134,8 @@ def test_tpu_worker_watches_vllms_per_rank_dir_mocked_tpu(tmp_path, monkeypatch)
 
 def test_cpu_twin_refuses_tensor_parallel(tmp_path):
     with pytest.raises(ValueError, match="tensor_parallel_size 1"):
-        engine.runtime_env({**demo_entry(), "tensor_parallel_size": 2}, str(tmp_path))
-    engine.runtime_env({**tpu_entry(), "tensor_parallel_size": 8}, str(tmp_path))  # fine on a TPU
+        engine.runtime_env(entry_of(tensor_parallel_size=2), str(tmp_path))
+    engine.runtime_env(tpu_entry(tensor_parallel_size=8), str(tmp_path))  # fine on a TPU
 
 
 # What vLLM 0.13 runs on a TPU and the twin replaces: the Pallas attention backend and its KV update, the

@@ -19,21 +19,36 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
 """
 
-from dataclasses import dataclass
-from typing import Any
+from __future__ import annotations
 
-from aotc.runners.spec import RunnerSpec
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aotc.runners.kv_sizing import SizedByStack
+from aotc.runners.spec import Planner, RunnerSpec
 from aotc.runners.tpu_inference import stack_env
+
+if TYPE_CHECKING:
+    from aotc.entry import Entry
 
 
 @dataclass(frozen=True)
-class TpuInferenceRunner(RunnerSpec):
-    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+class TpuInferenceRunner(SizedByStack, RunnerSpec):
+    kv_sizer = "aotc.runners.tpu_inference.kv_size"
+
+    @property
+    def planner(self) -> Planner:
+        # imported on first use: vLLM imports this package in every process
+        from aotc.runners.tpu_inference.buckets import PLANNER
+
+        return PLANNER
+
+    def validate(self, entry: Entry, hf_config: dict | None) -> list[str]:
         from aotc.runners.tpu_inference.rules import validate
 
         return validate(entry, hf_config)
 
-    def serve(self, entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+    def serve(self, entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
         from aotc.runners.tpu_inference.engine import serve_settings
 
         return serve_settings(entry, cache_dir)
@@ -57,7 +72,6 @@ class TpuInferenceRunner(RunnerSpec):
 SPEC = TpuInferenceRunner(
     name="tpu-inference",
     module="aotc.runners.tpu_inference",
-    buckets="aotc.runners.tpu_inference.buckets",
     packages=("jax", "jaxlib", "libtpu", "tpu-inference", "vllm-tpu", "torchax"),
     env_vars=stack_env.HASHED,
     env_unhashed=stack_env.UNHASHED,
@@ -77,7 +91,6 @@ SPEC = TpuInferenceRunner(
                                              "(TPUModelRunner._execute_model), which kills the server"},
     cache_loads=True,
     tpu_targets_on_cpu_host=True,
-    kv_size="aotc.runners.tpu_inference.kv_size",
     twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
                   "aotc.runners.tpu_inference.twin_moe", "aotc.runners.tpu_inference.twin_deepseek",
                   "aotc.runners.tpu_inference.twin_gdn"),

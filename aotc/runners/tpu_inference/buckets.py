@@ -18,11 +18,12 @@ from __future__ import annotations
 
 
 from aotc.graphs import GraphSpec
-from aotc.matrix import Entry
+from aotc.entry import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
 from aotc.runners import llava
 from aotc.runners.multimodal import image_step_graphs, is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
+from aotc.runners.spec import Planner
 from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4, qwen3_vl
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
@@ -74,11 +75,6 @@ def kv_packing(entry: Entry) -> int:
     kv_dtype = entry.engine.get("kv_cache_dtype") or "auto"
     bits = DTYPE_BITS.get(entry.dtype if kv_dtype == "auto" else kv_dtype, 16)
     return 32 // bits
-
-
-def paddings_for(entry: dict) -> dict[str, list[int]]:
-    """paddings() for an entry as the runner receives it (a dict)."""
-    return paddings(Entry.from_dict(entry))
 
 
 def data_parallel_size(entry: Entry) -> int:
@@ -590,3 +586,18 @@ def implied_env(entry: Entry) -> dict[str, str]:
     torchax): its own JAX models load no LoRA manager, and a server started with --enable-lora on them
     fails at warm-up ("LoRA is not enabled"). An entry with enable_lora is built and served on that path."""
     return {"MODEL_IMPL_TYPE": "vllm"} if entry.engine.get("enable_lora") else {}
+
+
+class TpuInferencePlanner(Planner):
+    """tpu-inference's plan side (``RunnerSpec.planner``): the rules above, no JAX."""
+
+    capture_plan = staticmethod(capture_plan)
+    bucket_summary = staticmethod(bucket_summary)
+    implied_flags = staticmethod(implied_flags)
+    implied_env = staticmethod(implied_env)
+    mesh = staticmethod(mesh)
+    traffic_images = staticmethod(traffic_images)
+    serving_fixes = staticmethod(serving_fixes)
+
+
+PLANNER = TpuInferencePlanner()

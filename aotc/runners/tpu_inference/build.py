@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import time
 
+from aotc.entry import Entry
 from aotc.runners.flags import xla_flags
-from aotc.matrix import Entry
 from aotc.runners.protocol import BuildResult, Graph, Request
 
 from . import engine, records
@@ -26,7 +26,7 @@ def precompile_calls(recs: list[Record]) -> list[Graph]:
             for r in recs if records.is_call(r)]
 
 
-def target_compiled_for(entry: dict) -> dict | None:
+def target_compiled_for(entry: Entry) -> dict | None:
     """What the graphs were compiled for on this host without a TPU (the manifest's ``target``), else None."""
     from . import compile_only
     from .topology import target_facts
@@ -53,11 +53,11 @@ def over_hbm(calls: list[Graph], target: dict) -> str | None:
     return None
 
 
-def flag_error(launch_env: dict[str, str], entry: dict) -> str | None:
+def flag_error(launch_env: dict[str, str], entry: Entry) -> str | None:
     """The fingerprint predicts the flags every process layout hashes (implied_flags once, collapsed by the
     twin plugin after tpu-inference's import; the twin's device count once; aotc.runners.flags.xla_flags):
     check this process hashes them."""
-    expected = xla_flags(launch_env, RUNNER, entry_flags=implied_flags(Entry.from_dict(entry)))
+    expected = xla_flags(launch_env, RUNNER, entry_flags=implied_flags(entry))
     actual = effective_flags()
     if expected != actual:
         return (f"effective XLA flags {actual} differ from the fingerprint's {expected}: "

@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from aotc.entry import Entry
 from aotc.runners.engine_common import apply_env, llm_args
 from aotc.runners.engine_common import engine_args as common_engine_args
 from aotc.runners.multimodal import entry_is_multimodal, text_vocab_size
@@ -28,7 +29,7 @@ PERSIST_EVERYTHING = {
 }
 
 
-def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
+def serving_env(entry: Entry, cache_dir: str, environ=None) -> dict[str, str | None]:
     """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset. ``environ`` is
     the environment the server starts from (default: this process's)."""
     env: dict[str, str | None] = {
@@ -41,66 +42,62 @@ def serving_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
         "DO_NOT_TRACK": "1",
         **PERSIST_EVERYTHING,
     }
-    if entry.get("model_path"):
+    if entry.model_path:
         env["HF_HUB_OFFLINE"] = "1"
     env.update(lora_env(entry))
     env.update(data_parallel_env(entry))
-    if entry["device"] == "cpu":
+    if entry.device == "cpu":
         env.update(twin_device_flags(entry, environ))
         env.update({TWIN_FLAG: "1", **host_without_tpu_env(entry, "aotc-cpu-twin")})
-    elif entry["device"] == "tpu":
+    elif entry.device == "tpu":
         env[TWIN_FLAG] = None  # never on a real TPU host
         env["JAX_PLATFORMS"] = None
     else:
-        raise ValueError(f"unknown device {entry['device']!r}")
+        raise ValueError(f"unknown device {entry.device!r}")
     return env
 
 
-def host_without_tpu_env(entry: dict[str, Any], name: str) -> dict[str, str]:
+def host_without_tpu_env(entry: Entry, name: str) -> dict[str, str]:
     """The stack on JAX's CPU client, on a host with no TPU: what tpu_info and libtpu would otherwise ask the GCE
     metadata server (they name the TPU; no graph reads them), and no libtpu lock file (topology.py says why)."""
-    return {"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": entry["accelerator"], "TPU_NAME": name,
+    return {"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": entry.accelerator, "TPU_NAME": name,
             "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1", "VLLM_HOST_IP": "127.0.0.1",
             "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
-def compile_only_target(entry: dict[str, Any]):
+def compile_only_target(entry: Entry):
     """The entry's TPU topology when this process builds for it without one (a ``device: tpu`` entry on a host
     with no TPU), else None. ValueError: a topology aotc cannot compile for from here."""
     from aotc.runners.tpu_host import has_tpu
 
     from .topology import topology_for
 
-    if entry["device"] != "tpu" or has_tpu():
+    if entry.device != "tpu" or has_tpu():
         return None
-    topology = topology_for(entry["accelerator"])
+    topology = topology_for(entry.accelerator)
     if topology.hosts > 1:
-        raise ValueError(f"accelerator {entry['accelerator']}: a {topology.hosts}-host slice ({topology.name}); a "
+        raise ValueError(f"accelerator {entry.accelerator}: a {topology.hosts}-host slice ({topology.name}); a "
                          "host without a TPU compiles for single-host slices only")
     return topology
 
 
-def lora_env(entry: dict[str, Any]) -> dict[str, str]:
+def lora_env(entry: Entry) -> dict[str, str]:
     """The model implementation LoRA needs (buckets.implied_env), for the build and the stock server."""
-    from aotc.matrix import Entry
-
     from .buckets import implied_env
 
-    return implied_env(Entry.from_dict(entry))
+    return implied_env(entry)
 
 
-def data_parallel_env(entry: dict[str, Any]) -> dict[str, str]:
+def data_parallel_env(entry: Entry) -> dict[str, str]:
     """`vllm serve --data-parallel-size N` would start one engine process per rank, each with a one-rank mesh
     (tpu-inference's multi-process DP, on by default for the server only); the plan, the build and the pod run
     tpu-inference's single-process SPMD data parallelism, whose graphs span all ranks."""
-    from aotc.matrix import Entry
-
     from .buckets import data_parallel_size
 
-    return {"TPU_MULTIPROCESS_DP": "0"} if data_parallel_size(Entry.from_dict(entry)) > 1 else {}
+    return {"TPU_MULTIPROCESS_DP": "0"} if data_parallel_size(entry) > 1 else {}
 
 
-def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str, str | None]:
+def runtime_env(entry: Entry, cache_dir: str, environ=None) -> dict[str, str | None]:
     """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify:
     the pod's settings. The flags tpu-inference prepends at import need nothing here: the twin plugin
     collapses them to one copy in this process as in each of a server's (twin_plugin.py)."""
@@ -118,15 +115,13 @@ def runtime_env(entry: dict[str, Any], cache_dir: str, environ=None) -> dict[str
     return env
 
 
-def twin_device_flags(entry: dict[str, Any], environ=None) -> dict[str, str]:
+def twin_device_flags(entry: Entry, environ=None) -> dict[str, str]:
     """XLA_FLAGS with the twin's virtual devices for a tp > 1 entry (buckets.implied_flags), kept first so
     the launch's own flags still follow; read when JAX's CPU client starts, after this is set."""
-    from aotc.matrix import Entry
-
     from .buckets import implied_flags
 
     current = (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
-    added = [f for f in implied_flags(Entry.from_dict(entry)).get("XLA_FLAGS", ()) if f not in current]
+    added = [f for f in implied_flags(entry).get("XLA_FLAGS", ()) if f not in current]
     return {"XLA_FLAGS": " ".join(added + current)} if added else {}
 
 
@@ -135,15 +130,15 @@ def twin_device_flags(entry: dict[str, Any], environ=None) -> dict[str, str]:
 ENGINE_SEED = 0
 
 
-def engine_args(entry: dict[str, Any]) -> dict[str, Any]:
+def engine_args(entry: Entry) -> dict[str, Any]:
     # A local model as the matrix resolved it (relative paths are relative to the config, not our cwd).
-    local = entry.get("model_path")
+    local = entry.model_path
     # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
     # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree; kv_size.py alone starts without it.
-    return common_engine_args(entry, local or entry["model"], bool(local), ENGINE_SEED)
+    return common_engine_args(entry, local or entry.model, bool(local), ENGINE_SEED)
 
 
-def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
     """RunnerSpec.serve: the stock `vllm serve`'s engine arguments and environment for this entry."""
     return engine_args(entry), serving_env(entry, cache_dir)
 
@@ -156,7 +151,7 @@ def cache_log() -> dict[str, Any]:
             "miss": r"PERSISTENT COMPILATION CACHE MISS for '([^']+)' with key '([^']+)'"}
 
 
-def start_engine(entry: dict[str, Any], cache_dir: str, before_start=None):
+def start_engine(entry: Entry, cache_dir: str, before_start=None):
     """Start vLLM in-process; returns (llm, seconds). `before_start` runs after the env is set."""
     apply_env(runtime_env(entry, cache_dir))
     if topology := compile_only_target(entry):

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from typing import Any
-
+from aotc.entry import Entry
 from aotc.runners.kv_sizing import main, sized_by
 
 from .twin import HBM_BYTES_ENV
@@ -20,7 +19,7 @@ from .twin import HBM_BYTES_ENV
 SIZING_ENV = (HBM_BYTES_ENV,)
 
 
-def size_kv(entry: dict[str, Any]) -> int:
+def size_kv(entry: Entry) -> int:
     from .engine import start_engine
 
     with tempfile.TemporaryDirectory(prefix="aotc-kv-size-") as cache_dir:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 
 from aotc.graphs import GraphSpec
-from aotc.matrix import Entry
+from aotc.entry import Entry
 from aotc.runners.multimodal import image_step_graphs
 
 ARCHITECTURE = "Llama4ForConditionalGeneration"

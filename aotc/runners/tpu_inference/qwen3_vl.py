@@ -14,7 +14,7 @@ the stack jits the tower per image grid (vision_tower_jit, GridTHW static): `che
 from __future__ import annotations
 
 from aotc.graphs import GraphSpec
-from aotc.matrix import Entry
+from aotc.entry import Entry
 from aotc.runners.multimodal import image_step_graphs
 
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"

@@ -6,10 +6,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.runners.flags import xla_flags
-from aotc.matrix import Entry
-from aotc.matrix import hf_config
+from aotc.entry import Entry, hf_config
 from aotc.runners import traffic
+from aotc.runners.flags import xla_flags
 from aotc.runners.multimodal import with_images
 
 from . import beyond_warmup, buckets, compile_only, engine, instrument, twin_plugin
@@ -25,10 +24,10 @@ class Session:
     llm: Any
     probe: Probe
     start_seconds: float
-    entry: dict[str, Any]
+    entry: Entry
 
     @classmethod
-    def start(cls, entry: dict[str, Any], cache_dir: str, plan: list[dict[str, Any]] = ()) -> Session:
+    def start(cls, entry: Entry, cache_dir: str, plan: list[dict[str, Any]] = ()) -> Session:
         """``plan``: the request's graphs; those marked beyond_warmup are compiled after the stack's own."""
         probe = Probe()
 
@@ -59,17 +58,16 @@ class Session:
         return self.probe.snapshot()
 
 
-def drive_traffic(llm: Any, entry: dict[str, Any], seed: int, requests: int) -> int:
+def drive_traffic(llm: Any, entry: Entry, seed: int, requests: int) -> int:
     """The seeded sweep (aotc/runners/traffic.py) through ``llm``, an engine started for ``entry``."""
-    p = buckets.paddings_for(entry)
-    matrix_entry = Entry.from_dict(entry)
-    images = buckets.traffic_images(matrix_entry, hf_config(matrix_entry))
+    p = buckets.paddings(entry)
+    images = buckets.traffic_images(entry, hf_config(entry))
     # vLLM rejects prompt logprobs for a multimodal model
     limits = traffic.Limits.of(entry, p["reqs"], prompt_logprob_buckets=() if images else p["tokens"],
                                token_buckets=p["tokens"])
-    limits = with_images(limits, matrix_entry, images, llm)
+    limits = with_images(limits, entry, images, llm)
     batches = traffic.plan_traffic(seed, requests, limits, engine.vocab_size(llm))
-    if buckets.speculative_config(matrix_entry):
+    if buckets.speculative_config(entry):
         batches = without_params(batches, SPECULATIVE_REJECTS)
     return traffic.run_traffic(llm, batches)
 

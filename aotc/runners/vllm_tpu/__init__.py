@@ -20,21 +20,36 @@ Importing this package must not import torch: vLLM loads `cpu_platform` in
 every process that resolves its platform.
 """
 
-from dataclasses import dataclass
-from typing import Any
+from __future__ import annotations
 
-from aotc.runners.spec import RunnerSpec
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aotc.runners.kv_sizing import SizedByStack
+from aotc.runners.spec import Planner, RunnerSpec
 from aotc.runners.vllm_tpu import stack_env
+
+if TYPE_CHECKING:
+    from aotc.entry import Entry
 
 
 @dataclass(frozen=True)
-class VllmTpuRunner(RunnerSpec):
-    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+class VllmTpuRunner(SizedByStack, RunnerSpec):
+    kv_sizer = "aotc.runners.vllm_tpu.kv_size"
+
+    @property
+    def planner(self) -> Planner:
+        # imported on first use: vLLM imports this package in every process
+        from aotc.runners.vllm_tpu.buckets import PLANNER
+
+        return PLANNER
+
+    def validate(self, entry: Entry, hf_config: dict | None) -> list[str]:
         from aotc.runners.vllm_tpu.rules import validate
 
         return validate(entry, hf_config)
 
-    def serve(self, entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+    def serve(self, entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
         from aotc.runners.vllm_tpu.engine import serve_settings
 
         return serve_settings(entry, cache_dir)
@@ -53,7 +68,6 @@ class VllmTpuRunner(RunnerSpec):
 SPEC = VllmTpuRunner(
     name="vllm-tpu",
     module="aotc.runners.vllm_tpu",
-    buckets="aotc.runners.vllm_tpu.buckets",
     # jax/jaxlib: torch_xla's `pallas` extra, the version its Pallas kernels are lowered with on a TPU
     packages=("torch", "torch_xla", "vllm", "libtpu", "jax", "jaxlib"),
     env_vars=stack_env.HASHED,
@@ -67,7 +81,6 @@ SPEC = VllmTpuRunner(
                           "same failure: tenstorrent/tt-xla#3310)"},
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21", "jax": "0.7.1",
           "jaxlib": "0.7.1"},  # requirements/full.lock
-    kv_size="aotc.runners.vllm_tpu.kv_size",
     twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention",
                   "aotc.runners.vllm_tpu.twin_moe"),
 )

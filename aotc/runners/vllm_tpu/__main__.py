@@ -12,8 +12,9 @@ import tempfile
 import threading
 from contextlib import contextmanager
 
-from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, serve
+from aotc.entry import Entry
 from aotc.processes import exit_now
+from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, serve
 
 from .probe import STDERR_LOG_ENV
 
@@ -68,7 +69,7 @@ def run(mode: Mode, request: Request) -> BuildResult | VerifyResult:
         return run_verify(request)
 
 
-def check_entry(entry: dict) -> None:
+def check_entry(entry: Entry) -> None:
     from .engine import check_entry as check
 
     check(entry)

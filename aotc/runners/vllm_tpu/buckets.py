@@ -7,7 +7,7 @@ equal vLLM's own ``_get_token_paddings``, ``_get_req_paddings`` and
 
 from __future__ import annotations
 
-from aotc.matrix import Entry
+from aotc.entry import Entry
 from aotc.graphs import GraphSpec
 # MIN_NUM_SEQS = tpu_model_runner.MIN_NUM_SEQS; the rules equal its _get_*_paddings (tests/vllm_tpu/test_plan.py)
 from aotc.runners import llava
@@ -15,6 +15,7 @@ from aotc.runners.llava import image_tokens
 from aotc.runners.multimodal import is_multimodal
 from aotc.runners.paddings import (MIN_NUM_SEQS, cdiv, next_power_of_2, padded_num_reqs_with_upper_limit,  # noqa: F401
                                    page_size, req_paddings, token_paddings)
+from aotc.runners.spec import Planner
 
 MIN_TOKEN_PADDING = 16  # TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 
@@ -107,3 +108,15 @@ def bucket_summary(entry: Entry) -> dict:
         "block_size": page_size(entry.max_model_len),
     }
 
+
+
+class VllmTpuPlanner(Planner):
+    """vllm-tpu's plan side (``RunnerSpec.planner``): the rules above, no torch."""
+
+    capture_plan = staticmethod(capture_plan)
+    bucket_summary = staticmethod(bucket_summary)
+    kv_page_size = staticmethod(kv_page_size)
+    traffic_images = staticmethod(traffic_images)
+
+
+PLANNER = VllmTpuPlanner()

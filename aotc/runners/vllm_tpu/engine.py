@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from aotc.entry import Entry
 from aotc.runners.engine_common import apply_env, llm_args
 from aotc.runners.engine_common import engine_args as common_engine_args
 from aotc.runners.multimodal import entry_is_multimodal
@@ -30,24 +31,24 @@ def device_name(accelerator: str) -> str:
     return "TPU " + accelerator.split("-", 1)[0].upper()
 
 
-def check_entry(entry: dict[str, Any]) -> None:
-    if entry["device"] not in ("cpu", "tpu"):
-        raise ValueError(f"unknown device {entry['device']!r}")
-    if entry["device"] == "cpu" and entry["tensor_parallel_size"] != 1:
+def check_entry(entry: Entry) -> None:
+    if entry.device not in ("cpu", "tpu"):
+        raise ValueError(f"unknown device {entry.device!r}")
+    if entry.device == "cpu" and entry.tensor_parallel_size != 1:
         # Each rank would get its own PJRT CPU client with ordinal 0, so ranks
         # would share tp<N>_rank0 and no collective would run: not a TPU's graphs.
         raise ValueError("device cpu supports tensor_parallel_size 1 only")
 
 
-def local_model(entry: dict[str, Any]) -> str | None:
+def local_model(entry: Entry) -> str | None:
     """The local model dir: the matrix's resolved model_path (its ``model`` is relative to the matrix
     file, not to this process), else ``model`` itself when it is a directory."""
-    if entry.get("model_path"):
-        return entry["model_path"]
-    return entry["model"] if os.path.isdir(entry["model"]) else None
+    if entry.model_path:
+        return entry.model_path
+    return entry.model if os.path.isdir(entry.model) else None
 
 
-def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
+def serving_env(entry: Entry, cache_dir: str) -> dict[str, str | None]:
     """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset."""
     check_entry(entry)
     env: dict[str, str | None] = {
@@ -57,12 +58,12 @@ def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     }
     if local_model(entry):
         env["HF_HUB_OFFLINE"] = "1"
-    if entry["device"] == "cpu":
+    if entry.device == "cpu":
         env.update(
             {
                 TWIN_FLAG: "1",
                 "PJRT_DEVICE": "CPU",
-                DEVICE_NAME_ENV: device_name(entry["accelerator"]),
+                DEVICE_NAME_ENV: device_name(entry.accelerator),
                 # Single-host gloo rendezvous; keeps the twin off the network.
                 "VLLM_HOST_IP": "127.0.0.1",
             }
@@ -73,7 +74,7 @@ def serving_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     return env
 
 
-def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
+def runtime_env(entry: Entry, cache_dir: str) -> dict[str, str | None]:
     """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify."""
     env = serving_env(entry, cache_dir)
     # In-process engine: the driver reads the worker through collective_rpc and the whole start-up is
@@ -82,27 +83,27 @@ def runtime_env(entry: dict[str, Any], cache_dir: str) -> dict[str, str | None]:
     return env
 
 
-def engine_args(entry: dict[str, Any], seed: int) -> dict[str, Any]:
+def engine_args(entry: Entry, seed: int) -> dict[str, Any]:
     local = local_model(entry)
     # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
     # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree.
-    return common_engine_args(entry, local or entry["model"], bool(local), seed,
-                              worker_cls=CPU_WORKER if entry["device"] == "cpu" else TPU_WORKER)
+    return common_engine_args(entry, local or entry.model, bool(local), seed,
+                              worker_cls=CPU_WORKER if entry.device == "cpu" else TPU_WORKER)
 
 
-def serve_settings(entry: dict[str, Any], cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
+def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
     """RunnerSpec.serve: the stock `vllm serve`'s engine arguments and environment for this entry.
 
     vLLM's own TPUWorker; on the CPU twin its PJRT-CPU subclass without aotc's build-time measuring."""
     args = engine_args(entry, SERVE_SEED)
-    if entry["device"] == "cpu":
+    if entry.device == "cpu":
         args["worker_cls"] = CPU_SERVING_WORKER
     else:
         del args["worker_cls"]
     return args, serving_env(entry, cache_dir)
 
 
-def start_engine(entry: dict[str, Any], cache_dir: str, seed: int, before_start=None):
+def start_engine(entry: Entry, cache_dir: str, seed: int, before_start=None):
     """Start vLLM in-process; returns (llm, seconds). `before_start` runs after the env is set."""
     apply_env(runtime_env(entry, cache_dir))
     if before_start is not None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from typing import Any
-
+from aotc.entry import Entry
 from aotc.runners.kv_sizing import main, sized_by
 
 # The CPU twin's stated per-device HBM, all of it free but the weights (default 64 MiB, as the JAX twin's).
@@ -23,7 +22,7 @@ SIZING_ENV = (HBM_BYTES_ENV,)
 SIZING_SEED = 0
 
 
-def size_kv(entry: dict[str, Any]) -> int:
+def size_kv(entry: Entry) -> int:
     from .engine import start_engine
 
     with tempfile.TemporaryDirectory(prefix="aotc-kv-size-") as cache_dir:

@@ -4,9 +4,7 @@ support them."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from aotc.matrix import Entry, hf_config
+from aotc.entry import Entry, hf_config
 from aotc.runners.multimodal import text_vocab_size, with_images
 from aotc.runners.traffic import Limits, Request, run_traffic  # noqa: F401  (the runner's traffic API)
 from aotc.runners.traffic import plan_traffic as _plan_traffic
@@ -18,9 +16,8 @@ def request_buckets(max_num_seqs: int) -> list[int]:
     return req_paddings(MIN_NUM_SEQS, max(max_num_seqs, MIN_NUM_SEQS))
 
 
-def plan_traffic(seed: int, requests: int, entry: dict[str, Any], llm) -> list[list[Request]]:
+def plan_traffic(seed: int, requests: int, entry: Entry, llm) -> list[list[Request]]:
     """The sweep for ``entry`` through ``llm``, its engine; a vision model's images among the prompts."""
-    matrix_entry = Entry.from_dict(entry)
-    limits = Limits.of(entry, request_buckets(entry["max_num_seqs"]))
-    limits = with_images(limits, matrix_entry, traffic_images(matrix_entry, hf_config(matrix_entry)), llm)
+    limits = Limits.of(entry, request_buckets(entry.max_num_seqs))
+    limits = with_images(limits, entry, traffic_images(entry, hf_config(entry)), llm)
     return _plan_traffic(seed, requests, limits, text_vocab_size(llm))

@@ -5,15 +5,23 @@ It "compiles" a graph by writing one file named after the graph's digest; verify
 No vLLM, no XLA: it exercises the runner interface and the protocol, not a compiler.
 """
 
-from dataclasses import dataclass
-from typing import Any
+from __future__ import annotations
 
-from aotc.runners.spec import RunnerSpec
+from dataclasses import dataclass
+
+from aotc.entry import Entry
+from aotc.runners.spec import Planner, RunnerSpec
 
 
 @dataclass(frozen=True)
 class ToyRunner(RunnerSpec):
-    def validate(self, entry: Any, hf_config: dict | None) -> list[str]:
+    @property
+    def planner(self) -> Planner:
+        from aotc_toy_runner.buckets import PLANNER
+
+        return PLANNER
+
+    def validate(self, entry: Entry, hf_config: dict | None) -> list[str]:
         from aotc_toy_runner.buckets import validate
 
         return validate(entry, hf_config)
@@ -22,7 +30,6 @@ class ToyRunner(RunnerSpec):
 SPEC = ToyRunner(
     name="toy",
     module="aotc_toy_runner",
-    buckets="aotc_toy_runner.buckets",
     packages=("pyyaml",),
     env_vars=("AOTC_TOY_SALT",),
     devices=("cpu",),

@@ -20,7 +20,8 @@ def build(request: Request) -> BuildResult:
         started = time.perf_counter()
         name = cache_file(graph.family, graph.shape)
         with open(os.path.join(request.cache_dir, name), "w") as fh:
-            fh.write(f"{graph.family} {graph.shape} salt={os.environ.get('AOTC_TOY_SALT', '')}\n")
+            # request.entry arrives as the Entry itself (typed, not the wire's dict)
+            fh.write(f"{request.entry.name}: {graph.family} {graph.shape} salt={os.environ.get('AOTC_TOY_SALT', '')}\n")
         calls.append(Graph(family=graph.family, shape=graph.shape, keys=[name],
                            compile_seconds=time.perf_counter() - started))
     for family in dict.fromkeys(g.family for g in request.plan):

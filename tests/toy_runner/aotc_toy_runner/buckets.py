@@ -1,38 +1,45 @@
-"""The toy's plan rules: one ``square`` graph per token bucket (doubling from 16), one ``pick`` per request
-count (8, 16, ... up to max_num_seqs)."""
+"""The toy's plan side (its ``Planner``): one ``square`` graph per token bucket (doubling from 16), one ``pick``
+per request count (8, 16, ... up to max_num_seqs). Import-light, as a planner must be: only aotc's data types."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 
+from aotc.entry import Entry
 from aotc.graphs import GraphSpec
+from aotc.runners.spec import Planner
 
 
-def token_buckets(entry) -> list[int]:
+def token_buckets(entry: Entry) -> list[int]:
     buckets = [16]
     while buckets[-1] < entry.max_num_batched_tokens:
         buckets.append(buckets[-1] * 2)
     return buckets
 
 
-def request_buckets(entry) -> list[int]:
+def request_buckets(entry: Entry) -> list[int]:
     buckets = [8]
     while buckets[-1] < entry.max_num_seqs:
         buckets.append(buckets[-1] * 2)
     return buckets
 
 
-def capture_plan(entry, hf_config=None) -> list[GraphSpec]:
-    return ([GraphSpec.of("square", num_tokens=t) for t in token_buckets(entry)]
-            + [GraphSpec.of("pick", num_reqs=r) for r in request_buckets(entry)])
+class ToyPlanner(Planner):
+    """The two required methods; every optional one keeps ``Planner``'s default (no KV pages, mesh, images)."""
+
+    def capture_plan(self, entry: Entry, hf_config: dict | None) -> list[GraphSpec]:
+        return ([GraphSpec.of("square", num_tokens=t) for t in token_buckets(entry)]
+                + [GraphSpec.of("pick", num_reqs=r) for r in request_buckets(entry)])
+
+    def bucket_summary(self, entry: Entry) -> dict:
+        return {"token_paddings": token_buckets(entry), "request_paddings": request_buckets(entry)}
 
 
-def bucket_summary(entry) -> dict:
-    return {"token_paddings": token_buckets(entry), "request_paddings": request_buckets(entry)}
+PLANNER = ToyPlanner()
 
 
-def validate(entry, hf_config=None) -> list[str]:
+def validate(entry: Entry, hf_config: dict | None = None) -> list[str]:
     return [] if entry.max_model_len <= 4096 else ["matrix.max_model_len: the toy stops at 4096"]
 
 
