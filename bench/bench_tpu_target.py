@@ -4,8 +4,9 @@ For each pair of configs (the same model and shapes, `device: tpu` against `devi
 as a user runs it, from scratch (a fresh AOTC_HOME: KV sizing included, nothing reused), alternating ABAB over
 `--rounds`. Reported per build: process wall, planned graphs, graphs per minute, peak RSS of the largest process
 (the runner: `ru_maxrss` of the waited-for children), XLA compile seconds per graph family; then the ratio
-TPU / twin of the walls. `--real CONFIG` adds a TPU-only build of a real-size entry (its config only, abstract
-weights), e.g. configs/real-size-jax-tpu.yaml (Qwen3-8B on a v6e-1; make bench passes it). Figures from one run;
+TPU / twin of the walls. `--real CONFIG` adds a TPU-only build of each real-size entry of CONFIG, one build per
+entry (its config only, abstract weights), e.g. configs/real-size-jax-tpu.yaml (Qwen3-8B on a v6e-1, gpt-oss-20b on
+a v6e-4; make bench passes it). Figures from one run;
 nothing here is a pass/fail test.
 
     AOTC_PYTHON_TPU_INFERENCE=<jax venv>/bin/python python bench/bench_tpu_target.py [--rounds 2] [--real CONFIG]
@@ -22,12 +23,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from aotc.matrix import load_matrix
+
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = [(REPO / "configs" / "demo-jax-tpu.yaml", REPO / "configs" / "demo-jax.yaml")]
 
 
-def build(config: Path, traffic: int) -> dict:
-    """One `aotc build --json` in a fresh process and home: wall, the largest process's peak RSS, the manifest."""
+def build(config: Path, traffic: int, entry: str | None = None) -> dict:
+    """One `aotc build --json` of one entry (the config's only one when None) in a fresh process and home: wall,
+    the largest process's peak RSS, the manifest."""
     with tempfile.TemporaryDirectory(prefix="aotc-bench-tpu-") as tmp:
         env = {**os.environ, "AOTC_HOME": str(Path(tmp) / "home")}
         # the fresh home still needs the venvs: keep where the runner's interpreter is
@@ -37,7 +41,8 @@ def build(config: Path, traffic: int) -> dict:
                   "print(json.dumps({'rc': p.returncode, 'wall': time.perf_counter() - t, "
                   "'peak_rss_mb': u.ru_maxrss / 1024, 'out': p.stdout, 'err': p.stderr[-3000:]}))")
         proc = subprocess.run([sys.executable, "-c", script, sys.executable, "-m", "aotc.cli", "build", str(config),
-                               "--out", str(Path(tmp) / "out"), "--no-reuse", "--traffic", str(traffic), "--json"],
+                               "--out", str(Path(tmp) / "out"), "--no-reuse", "--traffic", str(traffic), "--json",
+                               *(["--entry", entry] if entry else [])],
                               capture_output=True, text=True, cwd=REPO, env=env)
         run = json.loads(proc.stdout)
         if run["rc"]:
@@ -69,7 +74,9 @@ def main() -> None:
         results.append({"pair": [tpu.name, twin.name], "runs": runs, "median_wall": walls,
                         "tpu_over_twin": round(walls["tpu"] / walls["twin"], 2)})
     for config in args.real:
-        results.append({"real": str(config), "run": build(config, 0)})
+        # one build per entry: each its own wall and peak RSS, as a user building that entry sees them
+        for entry in load_matrix(config, check_stack=False).entries:
+            results.append({"real": str(config), "entry": entry.name, "run": build(config, 0, entry.name)})
     print(json.dumps(results, indent=1))
 
 
