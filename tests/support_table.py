@@ -106,7 +106,7 @@ def measured(suite: Suite, entry: Entry, records: dict) -> str:
 def after_ready(canary: dict) -> str:
     # torch_xla cannot load its cache (pytorch/xla#9094): it compiles cached graphs again, and a graph the
     # artifact lacks shows as a new cache file instead
-    if canary.get("loadable") is False:
+    if canary.get("loadable") is not True:
         return f"{canary['new_files_after_ready']} new cache files after ready over {canary['requests']} requests"
     return f"{canary['compiles_after_ready']} compiles after ready over {canary['requests']} requests"
 
