@@ -10,6 +10,7 @@ last measured. Nothing in it is typed by hand, so it cannot drift from the suite
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -151,6 +152,31 @@ def served_count(backend: str) -> tuple[int, int]:
             sum(suite.is_served(entry) for suite, entry in entries))
 
 
+def refusal(entry: Entry) -> str | None:
+    """Why vllm-tpu's plan refuses this tpu-inference entry, by its own rules (aotc/runners/vllm_tpu/rules.py,
+    which tests/test_matrix_rules.py, tests/test_lora.py and tests/vllm_tpu/test_multimodal.py hold to vLLM
+    0.13's code), its first reason up to the detail in parentheses; None when they refuse nothing."""
+    from aotc.runners.vllm_tpu import rules
+
+    there = dataclasses.replace(entry, runner="vllm-tpu", env={})  # the env variables are tpu-inference's
+    reasons = rules.validate(there, hf_config(there))
+    return reasons[0].split(" (")[0] if reasons else None
+
+
+def refusals() -> list[str]:
+    """The tpu-inference entries grouped by the reason vllm-tpu refuses them, in the order first met."""
+    by_reason: dict[str, list[str]] = {}
+    for suite in SUITES:
+        for entry in suite.entries():
+            if entry.runner == "tpu-inference":
+                reason = refusal(entry) or "not refused by its rules (the vllm-tpu entries above are the ones built)"
+                by_reason.setdefault(reason, []).append(f"`{entry.model_name}`")
+    return ["**The tpu-inference entries on vllm-tpu**: what vllm-tpu's plan rules say of the same entry with "
+            "`runner: vllm-tpu` (`aotc plan` exits 2 on a refusal, naming it in full)", "",
+            "| Refused at `plan` | Entries |", "|---|---|",
+            *(f"| {reason} | {', '.join(dict.fromkeys(names))} |" for reason, names in by_reason.items())]
+
+
 def legend() -> list[str]:
     lines = ["Each cell names the test module and its case: the node id is `<module>::<test>[<case>]`, the tests per",
              "matrix below (`python -m tests.support_table --node-ids` prints them all, to hand to pytest).", "",
@@ -175,7 +201,7 @@ def table(records: dict | None = None) -> str:
                   *("| " + " | ".join(cells) + " |" for cells in backend_rows), ""]
     lines += ["On vllm-tpu the stock server's check is coverage: torch_xla 2.9.0 cannot load its persistent cache",
               "(pytorch/xla#9094), so the canary counts cache files the artifact lacks, not compiles.", "",
-              *legend(), "", END]
+              *refusals(), "", *legend(), "", END]
     return "\n".join(lines)
 
 
