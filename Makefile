@@ -29,13 +29,14 @@ PYTEST_ARGS ?= --durations=25
 # cores busy. 0: one process. How long the suite takes: docs/testing.md.
 TEST_WORKERS ?= 2
 
-.PHONY: env env-jax build-cache test test-fast bench lock images push-images pin-images clean help
+.PHONY: env env-jax build-cache test test-fast support-table bench lock images push-images pin-images clean help
 
 help:
 	@echo "make build-cache   build, verify and publish $(DEMO) to $(STORE), then each canary's verdict"
 	@echo "make test          install what is missing (both venvs), then run the whole suite (slow tests included)"
 	@echo "make env-jax       the tpu-inference (JAX) runner's venv, keyed by requirements/jax.lock"
 	@echo "make test-fast     the fast tests on the core venv alone (no slow end-to-end tests, no JAX venv needed)"
+	@echo "make support-table rewrite docs/support.md's generated table from the matrices, the suite's case lists and docs/support-records"
 	@echo "make bench         benchmarks (store fetch and publish, build overhead and --jobs scaling, stock-server start-up cold vs fetched, TPU target vs twin)"
 	@echo "make lock          re-resolve requirements/*.lock from pyproject.toml"
 	@echo "make images        docker build the two images configs/k8s names (make -n images prints the commands)"
@@ -93,6 +94,12 @@ test: env env-jax
 # The core venv alone: tests that need the JAX venv are marked needs_jax (tests/conftest.py) and left out.
 test-fast: env
 	$(BIN)/python -m pytest -m "not slow and not needs_jax" $(PYTEST_ARGS)
+
+# docs/support.md's table, from the matrices the suite builds and its case lists (tests/support_cases.py), with
+# the figures the slow tests recorded into docs/support-records when run with AOTC_SUPPORT_RECORDS=docs/support-records.
+# tests/test_support_table.py fails while the page is stale.
+support-table: env
+	$(BIN)/python -m tests.support_table --write
 
 bench: env env-jax
 	$(BIN)/python bench/bench_fetch.py

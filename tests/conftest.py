@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# what the support table's tests measured, recorded when $AOTC_SUPPORT_RECORDS is set (docs/support.md)
+from tests.helpers.support_records import pytest_runtest_makereport, saw  # noqa: F401
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 # `import torch_xla` in any test of this process appends its own XLA flags to os.environ; a JAX process, as a pod
@@ -25,8 +28,10 @@ def launch_environ() -> dict[str, str]:
 def run_aotc(*args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 600):
     """Run the real CLI in a subprocess, as a pod or a CI job would."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
                           env=full_env, cwd=cwd or REPO, timeout=timeout)
+    saw(args, proc.stdout)
+    return proc
 
 
 @pytest.fixture(scope="session", autouse=True)

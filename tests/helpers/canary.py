@@ -34,9 +34,12 @@ def publish_copy(artifact: Path, work: Path, env: dict, drop_family: str | None 
 
 
 def canary(config: Path, entry: str, store: Path, env: dict, requests: int = 16) -> tuple[int, dict, str]:
-    proc = subprocess.run([sys.executable, "-m", "aotc.cli", "canary", str(config), "--entry", entry, "--store",
-                           str(store), "--requests", str(requests), "--json"],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    from tests.helpers.support_records import saw
+
+    args = ["canary", str(config), "--entry", entry, "--store", str(store), "--requests", str(requests), "--json"]
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=1800)
+    saw(args, proc.stdout)
     doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
     return proc.returncode, doc, proc.stderr
 

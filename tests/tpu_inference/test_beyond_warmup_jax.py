@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,12 @@ from aotc.runners.tpu_inference import buckets
 from aotc.testing import stock_server
 
 from .conftest import REPO
+from .test_build_verify_jax import aotc
 
 CONFIG = REPO / "configs" / "long-prompts-jax.yaml"
 ENTRY = load_matrix(CONFIG).entries[0]
 PLAN = plan_entry(ENTRY)
 BEYOND = [g for g in PLAN.graphs if g.beyond_warmup]
-
-
-def aotc(jax_env, *args: str, timeout: float = 2400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
-                          env=jax_env, cwd=REPO, timeout=timeout)
 
 
 def test_plan_lists_the_prompt_logprob_buckets_the_warmup_skips():
@@ -48,7 +43,7 @@ def test_the_limit_is_tpu_inferences_own(jax_env):
 @pytest.fixture(scope="module")
 def artifact(jax_env, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("long-prompts")
-    proc = aotc(jax_env, "build", CONFIG, "--out", out, "--traffic", "8", "--json")
+    proc = aotc(jax_env, "build", CONFIG, "--out", out, "--traffic", "8", "--json", timeout=2400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     built = json.loads(proc.stdout)["entries"][0]
     assert built["graphs_with_keys"] == built["planned"] == len(PLAN.graphs)
@@ -61,7 +56,7 @@ def test_beyond_warmup_graphs_are_built_verified_and_served(jax_env, artifact, t
     recorded = [g for g in manifest["graphs"] if g.get("beyond_warmup")]
     assert [g["shape"] for g in recorded] == [g.shape_dict for g in BEYOND] and all(g["keys"] for g in recorded)
 
-    proc = aotc(jax_env, "verify", artifact, "--traffic", "8", "--json")
+    proc = aotc(jax_env, "verify", artifact, "--traffic", "8", "--json", timeout=2400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout)["misses"] == 0
 

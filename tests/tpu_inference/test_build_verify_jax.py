@@ -12,6 +12,7 @@ import pytest
 
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
+from tests.helpers.support_records import saw
 
 from .conftest import REPO, run_jax
 
@@ -23,8 +24,10 @@ PLAN = plan_entry(load_matrix(DEMO).entry(ENTRY))
 
 
 def aotc(jax_env, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "aotc.cli", *map(str, args)], capture_output=True, text=True,
                           env=jax_env, cwd=REPO, timeout=timeout)
+    saw(args, proc.stdout)
+    return proc
 
 
 @pytest.fixture(scope="module")

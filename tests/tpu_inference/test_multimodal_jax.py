@@ -28,6 +28,7 @@ from aotc.plan import plan_entry
 from aotc.runners.tpu_inference import buckets, gemma4_vision, llama_guard_4, qwen3_vl
 from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
+from tests.support_cases import MULTIMODAL_JAX_WITHOUT_CANARY
 
 from .conftest import REPO, run_jax
 
@@ -390,7 +391,7 @@ def test_multimodal_entry_verifies_with_zero_misses_under_image_traffic(built, j
 # Qwen3-VL and its MoE serve images through the same tower, budget manager and serving fixes: the suite's time buys
 # the stock server for the MoE (a budget's images, the MoE text model); Qwen3-VL's own canary (two images sharing
 # a budget) was measured outside the suite (docs/support.md), its build and verify run above.
-CANARY_ENTRIES = [entry for entry in EVERY_ENTRY if entry is not QWEN3_VL]
+CANARY_ENTRIES = [entry for entry in EVERY_ENTRY if entry.model_name not in MULTIMODAL_JAX_WITHOUT_CANARY]
 
 
 @pytest.mark.slow
