@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from aotc.matrix import Entry, hf_config
+from aotc.entry import Entry, hf_config
 from tests.support_cases import REPO, SUITES, Suite
 
 DOC = REPO / "docs" / "support.md"
@@ -154,7 +154,7 @@ def served_count(backend: str) -> tuple[int, int]:
 
 def refusal(entry: Entry) -> str | None:
     """Why vllm-tpu's plan refuses this tpu-inference entry, by its own rules (aotc/runners/vllm_tpu/rules.py,
-    which tests/test_matrix_rules.py, tests/test_lora.py and tests/vllm_tpu/test_multimodal.py hold to vLLM
+    which tests/vllm_tpu/test_matrix_rules.py, tests/test_lora.py and tests/vllm_tpu/test_multimodal.py hold to vLLM
     0.13's code), its first reason up to the detail in parentheses; None when they refuse nothing."""
     from aotc.runners.vllm_tpu import rules
 
