@@ -57,7 +57,7 @@ class RequestLimits:
     speculative: bool = False
     data_parallel_size: int = 1
     images: tuple[tuple[int, int, int], ...] = ()
-    """(height, width, image tokens) the runner's plan covers (``RunnerSpec.traffic_images``); () text only."""
+    """(height, width, image tokens) the runner's plan covers (``Planner.traffic_images``); () text only."""
     images_per_prompt: int = 1
     """vLLM's ``limit_mm_per_prompt`` for images (its default: one)."""
 

@@ -393,7 +393,7 @@ SERVING_FIXES = ("aotc.runners.tpu_inference.serving_fixes",)
 
 
 def serving_fixes(entry: Entry, hf_config: dict | None) -> tuple[str, ...]:
-    """RunnerSpec.serving_fixes: they change the graphs of the multimodal architectures the plan follows only;
+    """Planner.serving_fixes: they change the graphs of the multimodal architectures the plan follows only;
     a model without a local config (a hub id) may be one, and every machine (an init container too) must
     compute the same fingerprint for it, so it counts as one."""
     if hf_config is None:
