@@ -19,7 +19,7 @@ from aotc.errors import BadInput
 from aotc.files import aotc_home, answer_path, keep_answer, kept_answer
 from aotc.entry import Entry
 from aotc.runners.kv_sizing import OVERRIDE, valid_kv_blocks
-from aotc.runners.tpu_host import has_tpu
+from aotc.runners.tpu_host import compiles_without_running
 
 
 class KvNotSized(BadInput):
@@ -41,7 +41,7 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
     if not size:
         raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on its "
                          f"device, and it was not sized here; pin engine.{OVERRIDE}")
-    if entry.device == "tpu" and not has_tpu() and not entry.backend.tpu_targets_on_cpu_host:
+    if compiles_without_running(entry.device) and not entry.backend.tpu_targets_on_cpu_host:
         raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on a TPU "
                          f"({entry.accelerator}) and this host has none: run on the pod's TPU type, or pin "
                          f"engine.{OVERRIDE}")

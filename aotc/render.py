@@ -83,7 +83,8 @@ class BuildProgressLines:
     the runner's own log goes to a file."""
 
     def started(self, name: str, planned: int, sweep: bool = True) -> None:
-        then = "+ traffic sweep" if sweep else "for its TPU, compile-only (no traffic sweep: this host has no TPU to run it)"
+        then = ("+ traffic sweep" if sweep
+                else "for its TPU, compile-only (no traffic sweep: this host has no TPU to run it)")
         print(f"aotc build: {name}: compiling {planned} planned graphs {then}", file=sys.stderr, flush=True)
 
     def family(self, name: str, family: str, seconds: float) -> None:

@@ -14,9 +14,10 @@ Nothing of the stack is replaced. What changes is JAX's answer to three question
 * how much HBM is used: the bytes of the abstract arrays held on each device (the weights, once loaded),
   against the stack's own per-device HBM limit, so the stack's KV sizing runs as on the pod;
 * what the stack's host-side weight work gives: under its CPU mesh (``cpu_mesh_context``, where it makes
-  dummy weights and reshapes checkpoint tensors before placing them), a jitted call whose outputs are weight-sized
-  (or whose inputs are abstract) returns abstract arrays on the CPU without compiling, so a real-size model's weights are never made on the host either (measured:
-  Qwen3-8B's eager dummy weights took the build past 21 GB of RSS).
+  dummy weights and reshapes checkpoint tensors before placing them), a jitted call whose outputs are
+  weight-sized (or whose inputs are abstract) returns abstract arrays on the CPU without compiling, so a
+  real-size model's weights are never made on the host either (measured: Qwen3-8B's eager dummy weights took
+  the build past 21 GB of RSS).
 
 The persistent cache stays off for the CPU client: the artifact holds the TPU executables only.
 A graph that needs a value (a sampled token) cannot run: a compile-only build stops at the stack's
@@ -157,14 +158,13 @@ def _is_abstract(value: Any) -> bool:
 def _run_jit(p, args_flat, fun, args, kwargs):
     """pjit's ``_run_python_pjit`` (one jitted call with its inference done): run it where it can run, else
     compile it as the call would and answer with abstract outputs."""
-    from jax._src import core, tree_util
+    from jax._src import core
 
     if any(isinstance(arg, core.Tracer) for arg in args_flat):  # a call inside a trace: part of a graph
         return _installed["run_pjit"](p, args_flat, fun, args, kwargs)
-    if _in_host_weight_work() and (any(map(_is_abstract, args_flat)) or _weight_sized(p.params["jaxpr"].out_avals)):
-        out_flat = [abstract(aval, _installed["host_sharding"]) for aval in p.params["jaxpr"].out_avals]
-        return (tree_util.tree_unflatten(p.out_tree, out_flat), out_flat, p.out_tree, args_flat, p.params["jaxpr"],
-                None, None, [])
+    out_avals = p.params["jaxpr"].out_avals
+    if _in_host_weight_work() and (any(map(_is_abstract, args_flat)) or _weight_sized(out_avals)):
+        return _abstract_result(p, args_flat, [_installed["host_sharding"]] * len(out_avals))
     if not any(map(_is_abstract, args_flat)):
         try:
             return _installed["run_pjit"](p, args_flat, fun, args, kwargs)
@@ -183,11 +183,16 @@ def _run_jit(p, args_flat, fun, args, kwargs):
         keep_unused=params["keep_unused"], inline=params["inline"], lowering_platforms=None,
         lowering_parameters=mlir.LoweringParameters(), pgle_profiler=None,
         compiler_options_kvs=params["compiler_options_kvs"])
-    compiled = computation.compile()
-    out_flat = [abstract(aval, sharding)
-                for aval, sharding in zip(params["jaxpr"].out_avals, compiled._out_shardings)]
-    return (tree_util.tree_unflatten(p.out_tree, out_flat), out_flat, p.out_tree, args_flat, params["jaxpr"],
-            None, None, [])
+    return _abstract_result(p, args_flat, computation.compile()._out_shardings)
+
+
+def _abstract_result(p, args_flat, out_shardings) -> tuple:
+    """What ``_run_python_pjit`` returns for a call, its outputs abstract arrays placed by ``out_shardings``."""
+    from jax._src import tree_util
+
+    jaxpr = p.params["jaxpr"]
+    out_flat = [abstract(aval, sharding) for aval, sharding in zip(jaxpr.out_avals, out_shardings)]
+    return tree_util.tree_unflatten(p.out_tree, out_flat), out_flat, p.out_tree, args_flat, jaxpr, None, None, []
 
 
 def _in_host_weight_work() -> bool:

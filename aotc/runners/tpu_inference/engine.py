@@ -68,11 +68,11 @@ def host_without_tpu_env(entry: Entry, name: str) -> dict[str, str]:
 def compile_only_target(entry: Entry):
     """The entry's TPU topology when this process builds for it without one (a ``device: tpu`` entry on a host
     with no TPU), else None. ValueError: a topology aotc cannot compile for from here."""
-    from aotc.runners.tpu_host import has_tpu
+    from aotc.runners.tpu_host import compiles_without_running
 
     from .topology import topology_for
 
-    if entry.device != "tpu" or has_tpu():
+    if not compiles_without_running(entry.device):
         return None
     topology = topology_for(entry.accelerator)
     if topology.hosts > 1:
