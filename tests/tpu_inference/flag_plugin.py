@@ -2,7 +2,7 @@
 engine core started by an API server that imported tpu-inference once) imports tpu-inference, and aotc's plugin
 registers before that import ("hook": it collapses right after env_override runs) or vLLM loads its general
 plugins after it ("vllm": vLLM's own loader, through the installed entry points, as an engine core does).
-No AOTC_JAX_CPU_TWIN: what a TPU pod runs.
+No AOTC_CPU_TWIN: what a TPU pod runs.
 
 stdin: {"environ": {...}, "order": "hook" | "vllm"}
 stdout (last line): {"XLA_FLAGS": ..., "LIBTPU_INIT_ARGS": ..., "prepended_before_register": bool}

@@ -156,9 +156,9 @@ try:
 except ValueError as exc:
     facts["multi_host_refusal"] = str(exc)
 v6e = topology_for("v6e-1")
-os.environ["AOTC_JAX_CPU_TWIN"] = "1"
+os.environ["AOTC_CPU_TWIN"] = "1"
 facts["twin_flag_refusal"] = refusal(lambda: compile_only.install(compile_only_devices(v6e)))
-del os.environ["AOTC_JAX_CPU_TWIN"]
+del os.environ["AOTC_CPU_TWIN"]
 compile_only.install(compile_only_devices(v6e))
 facts["platform_version"] = jax.devices()[0].client.platform_version
 facts["twin_after_target_refusal"] = refusal(twin.install)

@@ -64,6 +64,16 @@ def test_vllm_resolves_the_twin_only_when_asked():
     assert resolved_platform({}) == "vllm.platforms.tpu.TpuPlatform"
 
 
+def test_the_shared_twin_flag_leaves_the_other_runners_twin_inert():
+    # AOTC_CPU_TWIN asks for this venv's twin; tpu-inference's plugin is installed here too and must not act.
+    code = ("import sys; from vllm.plugins import load_general_plugins; load_general_plugins(); "
+            "print('aotc.runners.tpu_inference.twin' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "AOTC_CPU_TWIN": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_tpu_env_points_vllm_at_staging_and_disables_twin_mocked_tpu(tmp_path):
     env = engine.runtime_env(tpu_entry(), str(tmp_path))
     assert env["VLLM_XLA_CACHE_PATH"] == str(tmp_path)

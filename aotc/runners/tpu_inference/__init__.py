@@ -5,7 +5,7 @@ JAX venv's interpreter (requirements/jax.lock; the core finds it through AOTC_PY
 Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of a fresh server is a hit.
 
 * buckets       -- tpu-inference's paddings and precompile loops as a plan (no JAX; the core imports it)
-* twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_JAX_CPU_TWIN=1
+* twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_CPU_TWIN=1
 * twin, twin_attention, twin_moe, twin_deepseek -- the CPU twin's patches, its jittable ragged paged and MLA
   attention, its MoE grouped matmul, the JAX DeepSeek V3 at its config's sizes
 * serving_fixes, dummy_weights -- what the plugin mends in the stack wherever it is installed

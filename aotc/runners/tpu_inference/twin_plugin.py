@@ -12,8 +12,8 @@ runner is imported. Standard library only until it acts. It does four things:
   and a pod compile the same graphs and a pod nothing per request.
 * always, wherever tpu-inference is installed: a dummy-weight engine's draft loads with dummy weights too
   (aotc/runners/tpu_inference/dummy_weights.py); with real weights it never acts.
-* the CPU twin's patches, only when aotc asked for the twin (AOTC_JAX_CPU_TWIN=1): a real `vllm serve` on a
-  TPU host must never see them.
+* the CPU twin's patches, only when aotc asked for the twin (AOTC_CPU_TWIN=1, the flag both runners' twins
+  share: each acts only in its own stack's venv): a real `vllm serve` on a TPU host must never see them.
 """
 
 from __future__ import annotations
@@ -21,19 +21,20 @@ from __future__ import annotations
 import importlib.util
 import os
 
-ENV_FLAG = "AOTC_JAX_CPU_TWIN"
+ENV_FLAG = "AOTC_CPU_TWIN"
 # Prepends RunnerSpec.implied_flags to XLA_FLAGS / LIBTPU_INIT_ARGS when it runs, once per process.
 FLAG_PREPENDER = "tpu_inference.env_override"
 
 
 def register() -> None:
     collapse_stack_flags()
-    if importlib.util.find_spec("tpu_inference") is not None:
-        from .dummy_weights import install as install_dummy_draft
-        from .serving_fixes import install as install_serving_fixes
+    if importlib.util.find_spec("tpu_inference") is None:
+        return  # another stack's venv: there ENV_FLAG asks for that stack's twin (vllm_tpu/cpu_platform.py)
+    from .dummy_weights import install as install_dummy_draft
+    from .serving_fixes import install as install_serving_fixes
 
-        install_serving_fixes()
-        install_dummy_draft()
+    install_serving_fixes()
+    install_dummy_draft()
     if os.environ.get(ENV_FLAG) != "1":
         return
     from .twin import install

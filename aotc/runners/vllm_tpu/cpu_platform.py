@@ -3,10 +3,13 @@
 vLLM imports this module and calls `register()` in every process that resolves
 `current_platform`, so it must stay import-light and must stay inert unless aotc
 asked for the CPU twin: a plain `vllm serve` on a TPU host must never see it.
+AOTC_CPU_TWIN is the flag both runners' twins share; this twin needs torch_xla, so in another stack's venv
+(tpu-inference's, where the flag asks for that runner's twin) it stays inert.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 ENV_FLAG = "AOTC_CPU_TWIN"
@@ -14,6 +17,6 @@ PLATFORM_QUALNAME = "aotc.runners.vllm_tpu.twin_platform.CpuTwinTpuPlatform"
 
 
 def register() -> str | None:
-    if os.environ.get(ENV_FLAG) != "1":
+    if os.environ.get(ENV_FLAG) != "1" or importlib.util.find_spec("torch_xla") is None:
         return None
     return PLATFORM_QUALNAME
