@@ -8,7 +8,7 @@ from aotc.runners.spec import load_runner
 
 # The stack's own additions, as the tpu-inference runner declares them (tests/tpu_inference pins them to
 # tpu_inference/env_override.py).
-IMPLIED = load_runner("tpu-inference").implied_flags
+IMPLIED = load_runner("tpu-inference").stack_flags
 LAUNCH = {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_cpu_enable_fast_math=false --xla_dump_to=/tmp/d",
           "LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=true"}
 

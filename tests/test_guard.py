@@ -111,7 +111,7 @@ def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
     entry = replace(load_matrix(CONFIGS / "demo-jax.yaml").entries[0], engine={"num_gpu_blocks_override": 64})
     launch = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     write_manifest(tmp_path, entry, launch)
-    implied = load_runner("tpu-inference").implied_flags
+    implied = load_runner("tpu-inference").stack_flags
 
     def engine_core(imports):  # tpu_inference/env_override.py prepends its flags at each import
         return {var: " ".join([*implied.get(var, ())] * imports + launch.get(var, "").split()).strip()

@@ -25,12 +25,12 @@ def xla_flags(environ: Mapping[str, str], runner: str | None = None,
     ``_hash_xla_flags``): split on whitespace, sorted, duplicates kept.
 
     With ``runner``, ``environ`` is a launch environment and the result what any process of a server or an
-    in-process engine hashes: the flags the runner's stack prepends at import (``RunnerSpec.implied_flags``)
+    in-process engine hashes: the flags the runner's stack prepends at import (``RunnerSpec.stack_flags``)
     once each, however many of its processes imported it, because aotc's vLLM plugin collapses them;
-    ``entry_flags`` (``RunnerSpec.entry_flags``: the twin's virtual device count) are set once in the launch
+    ``entry_flags`` (``Planner.implied_flags``: the twin's virtual device count) are set once in the launch
     environment, unless it holds them already. Without ``runner``: the words of ``environ`` as they are (a
     live process's). Stricter than JAX in one way: its dump-only flags count here too."""
-    implied = load_runner(runner).implied_flags if runner else {}
+    implied = load_runner(runner).stack_flags if runner else {}
     flags: list[str] = []
     for var in FLAG_ENV_VARS:
         launch = environ.get(var, "").split()

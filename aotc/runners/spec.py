@@ -51,7 +51,8 @@ class Planner(ABC):
         return None
 
     def implied_flags(self, entry: Entry) -> dict[str, tuple[str, ...]]:
-        """XLA_FLAGS / LIBTPU_INIT_ARGS words the runner adds for this entry (e.g. the twin's device count)."""
+        """XLA_FLAGS / LIBTPU_INIT_ARGS words the runner adds for this entry (e.g. the twin's device count); what
+        the stack adds for every entry at import is ``RunnerSpec.stack_flags``."""
         return {}
 
     def implied_env(self, entry: Entry) -> dict[str, str]:
@@ -101,8 +102,9 @@ class RunnerSpec(ABC):
     env_registries: tuple[str, ...] = ()
     """Modules of the stack whose ``environment_variables`` name what it reads: a test holds ``env_vars`` and
     ``env_unhashed`` to them, in the runner's interpreter."""
-    implied_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Flags the stack adds to XLA_FLAGS / LIBTPU_INIT_ARGS at import, before anything compiles."""
+    stack_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Flags the stack itself adds to XLA_FLAGS / LIBTPU_INIT_ARGS at import, before anything compiles, for
+    every entry (the runner's own per-entry words are ``Planner.implied_flags``)."""
     devices: tuple[str, ...] = ("cpu", "tpu")
     unserved: Mapping[str, str] = field(default_factory=dict)
     """Request options the stock server of this stack cannot serve -> why (the upstream reference). The

@@ -64,7 +64,7 @@ def test_every_process_layout_has_one_fingerprint_with_the_stacks_flags_once(jax
     served = fingerprint_entry(entry(), jax_env)
     in_process = fingerprint_entry(entry(), {**jax_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert in_process.digest == served.digest
-    for var, words in load_runner("tpu-inference").implied_flags.items():
+    for var, words in load_runner("tpu-inference").stack_flags.items():
         assert all(served.inputs["xla_flags"].count(f"{var}:{w}") == 1 for w in words), served.inputs["xla_flags"]
 
 

@@ -13,7 +13,7 @@ from aotc.runners.spec import load_runner
 from .conftest import run_jax
 
 HERE = Path(__file__).parent
-IMPLIED = load_runner("tpu-inference").implied_flags
+IMPLIED = load_runner("tpu-inference").stack_flags
 LAUNCH = {"XLA_FLAGS": "--xla_dump_to=/tmp/aotc-dump", "LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=true"}
 
 

@@ -115,7 +115,7 @@ def test_paddings_equal_tpu_inference_helpers(facts):
 
 
 def test_fingerprint_flags_are_what_tpu_inference_adds(facts):
-    for var, added in load_runner("tpu-inference").implied_flags.items():
+    for var, added in load_runner("tpu-inference").stack_flags.items():
         assert facts["flags"][var] == list(added), var
 
 

@@ -78,8 +78,8 @@ SPEC = TpuInferenceRunner(
     env_settable=stack_env.SETTABLE,
     env_registries=("vllm.envs", "tpu_inference.envs"),
     # tpu_inference/env_override.py adds these at import (a test pins this table to it)
-    implied_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
-                   "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
+    stack_flags={"XLA_FLAGS": ("--xla_cpu_max_isa=AVX2",),
+                 "LIBTPU_INIT_ARGS": ("--xla_tpu_use_dynamic_smem_negotiation=true",)},
     pins={"jax": "0.11.2", "jaxlib": "0.11.2", "libtpu": "0.0.48", "tpu-inference": "0.32.0", "vllm-tpu": "0.32.0",
           "torchax": "0.0.13"},  # requirements/jax.lock
     # tpu_inference TpuPlatform.validate_request raises a plain ValueError, which vLLM 0.32's AsyncLLM.generate

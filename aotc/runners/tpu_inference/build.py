@@ -54,14 +54,14 @@ def over_hbm(calls: list[Graph], target: dict) -> str | None:
 
 
 def flag_error(launch_env: dict[str, str], entry: Entry) -> str | None:
-    """The fingerprint predicts the flags every process layout hashes (implied_flags once, collapsed by the
+    """The fingerprint predicts the flags every process layout hashes (the stack's flags once, collapsed by the
     twin plugin after tpu-inference's import; the twin's device count once; aotc.runners.flags.xla_flags):
     check this process hashes them."""
     expected = xla_flags(launch_env, RUNNER, entry_flags=implied_flags(entry))
     actual = effective_flags()
     if expected != actual:
         return (f"effective XLA flags {actual} differ from the fingerprint's {expected}: "
-                "update the tpu-inference RunnerSpec's implied_flags for this tpu-inference")
+                "update the tpu-inference RunnerSpec's stack_flags for this tpu-inference")
     return None
 
 

@@ -22,7 +22,7 @@ import importlib.util
 import os
 
 ENV_FLAG = "AOTC_CPU_TWIN"
-# Prepends RunnerSpec.implied_flags to XLA_FLAGS / LIBTPU_INIT_ARGS when it runs, once per process.
+# Prepends RunnerSpec.stack_flags to XLA_FLAGS / LIBTPU_INIT_ARGS when it runs, once per process.
 FLAG_PREPENDER = "tpu_inference.env_override"
 
 
@@ -57,4 +57,4 @@ def _collapse(_module=None) -> None:
 
     from . import SPEC
 
-    os.environ.update(collapse_flag_env(os.environ, SPEC.implied_flags))
+    os.environ.update(collapse_flag_env(os.environ, SPEC.stack_flags))
