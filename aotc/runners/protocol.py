@@ -200,10 +200,11 @@ def load_request(path: str, mode: Mode) -> Request:
     return request
 
 
-def serve(prog: str, run: Callable[[Mode, Request], BuildResult | VerifyResult], argv: list[str] | None = None,
-          check: Callable[[Entry], None] | None = None) -> int:
-    """Parse argv, validate the request (``check`` adds the runner's own rules; ValueError → exit 2), run it
-    and always leave a result file."""
+def runner_main(prog: str, run: Callable[[Mode, Request], BuildResult | VerifyResult],
+                argv: list[str] | None = None, check: Callable[[Entry], None] | None = None) -> int:
+    """A runner process's main: parse argv, validate the request (``check`` adds the runner's own rules;
+    ValueError → exit 2), run it and always leave a result file. (``RunnerSpec.serve`` is the other "serve":
+    the stock ``vllm serve`` of an entry.)"""
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("mode", choices=["build", "verify"])
     parser.add_argument("request")

@@ -5,7 +5,7 @@ Runs under the JAX venv's interpreter (AOTC_PYTHON_TPU_INFERENCE), never the cor
 
 from __future__ import annotations
 
-from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, serve
+from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, runner_main
 from aotc.processes import exit_now
 
 
@@ -20,4 +20,4 @@ def run(mode: Mode, request: Request) -> BuildResult | VerifyResult:
 
 
 if __name__ == "__main__":
-    exit_now(serve("python -m aotc.runners.tpu_inference", run))
+    exit_now(runner_main("python -m aotc.runners.tpu_inference", run))

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from aotc.entry import Entry
 from aotc.processes import exit_now
-from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, serve
+from aotc.runners.protocol import BuildResult, Mode, Request, VerifyResult, runner_main
 
 from .probe import STDERR_LOG_ENV
 
@@ -77,4 +77,4 @@ def check_entry(entry: Entry) -> None:
 
 if __name__ == "__main__":
     # vLLM's in-process engine can hang in interpreter teardown; the result is already on disk
-    exit_now(serve("python -m aotc.runners.vllm_tpu", run, check=check_entry))
+    exit_now(runner_main("python -m aotc.runners.vllm_tpu", run, check=check_entry))

@@ -6,7 +6,7 @@ import os
 import time
 
 from aotc.runners.protocol import (BuildResult, FamilyRow, Graph, Missed, Mode, Request, VerifyResult,
-                                   report_progress, serve)
+                                   report_progress, runner_main)
 
 from .buckets import cache_file
 
@@ -54,4 +54,4 @@ def run(mode: Mode, request: Request) -> BuildResult | VerifyResult:
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve("python -m aotc_toy_runner", run))
+    raise SystemExit(runner_main("python -m aotc_toy_runner", run))
