@@ -29,7 +29,9 @@ STEP_NEW_TOKENS = 2
 
 
 @dataclasses.dataclass
-class Request:
+class TrafficRequest:
+    """One generation request of the sweep (not the runner protocol's ``Request``, the build or verify job)."""
+
     prompt: list[int]
     sampling: dict[str, Any]
     adapter: int = 0
@@ -109,21 +111,23 @@ def _prompt(rng: random.Random, vocab: int, max_len: int) -> list[int]:
     return _tokens(rng, vocab, rng.randint(1, max(1, max_len)))
 
 
-def _batch(rng, size, vocab, max_prompt, greedy_of, logprobs_of, prompt_logprobs_of=lambda i: False) -> list[Request]:
+def _batch(rng, size, vocab, max_prompt, greedy_of, logprobs_of,
+           prompt_logprobs_of=lambda i: False) -> list[TrafficRequest]:
     return [
-        Request(_prompt(rng, vocab, max_prompt), _sampling(rng, greedy_of(i), logprobs_of(i), prompt_logprobs_of(i)))
+        TrafficRequest(_prompt(rng, vocab, max_prompt),
+                       _sampling(rng, greedy_of(i), logprobs_of(i), prompt_logprobs_of(i)))
         for i in range(size)
     ]
 
 
-def _image_request(rng: random.Random, limits: Limits, vocab: int, sizes: list[tuple[int, int, int]]) -> Request:
+def _image_request(rng: random.Random, limits: Limits, vocab: int, sizes: list[tuple[int, int, int]]) -> TrafficRequest:
     """A text prefix, the images' placeholders, a text suffix; the prompt and its images fit max_model_len."""
     room = limits.max_model_len - MAX_NEW_TOKENS - 1 - sum(tokens + len(limits.image_placeholder)
                                                            for _, _, tokens in sizes)
     prefix, suffix = rng.randint(0, max(0, room // 2)), rng.randint(1, max(1, room // 2))
     placeholders = [t for _ in sizes for t in limits.image_placeholder]
     prompt = _tokens(rng, vocab, prefix) + placeholders + _tokens(rng, vocab, suffix)
-    return Request(prompt, _sampling(rng, rng.random() < 0.5, rng.random() < 0.3, False),
+    return TrafficRequest(prompt, _sampling(rng, rng.random() < 0.5, rng.random() < 0.3, False),
                    images=tuple((h, w, rng.randrange(1 << 30)) for h, w, _ in sizes))
 
 
@@ -139,7 +143,7 @@ def _fitting(sizes: list[tuple[int, int, int]], limits: Limits) -> list[tuple[in
     return kept
 
 
-def image_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
+def image_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[TrafficRequest]]:
     """Each image size alone; then full batches mixing text prompts with prompts of one or more images of
     random sizes."""
     if not limits.image_sizes:
@@ -150,7 +154,8 @@ def image_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[R
         batch = []
         for i in range(limits.max_num_seqs):
             if i % 3 == 1:
-                batch.append(Request(_prompt(rng, vocab, limits.max_model_len // 2), _sampling(rng, True, False, False)))
+                batch.append(TrafficRequest(_prompt(rng, vocab, limits.max_model_len // 2),
+                                            _sampling(rng, True, False, False)))
                 continue
             count = rng.randint(1, limits.images_per_prompt)
             drawn = [rng.choice(sizes) for _ in range(count)]
@@ -190,7 +195,8 @@ def step_shapes(limits: Limits) -> list[tuple[int, int]]:
     return shapes
 
 
-def _step_batch(rng: random.Random, requests: int, tokens: int, vocab: int, prompt_logprobs: bool) -> list[Request]:
+def _step_batch(rng: random.Random, requests: int, tokens: int, vocab: int,
+                prompt_logprobs: bool) -> list[TrafficRequest]:
     """``requests`` fresh prompts of ``tokens`` tokens in all: the engine schedules them as one prefill step
     (within the budget, nothing else running), then one decode step."""
     lengths = [tokens // requests + (i < tokens % requests) for i in range(requests)]
@@ -198,18 +204,18 @@ def _step_batch(rng: random.Random, requests: int, tokens: int, vocab: int, prom
     for i, length in enumerate(lengths):
         sampling = _sampling(rng, i % 2 == 0, False, prompt_logprobs and i == 0)
         sampling["max_tokens"] = STEP_NEW_TOKENS
-        batch.append(Request(_tokens(rng, vocab, length), sampling))
+        batch.append(TrafficRequest(_tokens(rng, vocab, length), sampling))
     return batch
 
 
-def step_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
+def step_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[TrafficRequest]]:
     """One batch per step_shapes pair, and one more with a prompt-logprob request where supported."""
     return [_step_batch(rng, n, t, vocab, with_prompt_logprobs)
             for n, t in step_shapes(limits)
             for with_prompt_logprobs in (False, True)[:1 + limits.prompt_logprobs]]
 
 
-def coverage_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[Request]]:
+def coverage_batches(rng: random.Random, limits: Limits, vocab: int) -> list[list[TrafficRequest]]:
     """Batches that reach each request bucket with mixed sampling, ± logprobs (± prompt logprobs)."""
     max_seqs = limits.max_num_seqs
     batches = []
@@ -223,11 +229,12 @@ def coverage_batches(rng: random.Random, limits: Limits, vocab: int) -> list[lis
                                   lambda i: logprobs and limits.prompt_logprobs and i == 1))
     longest = limits.max_model_len - MAX_NEW_TOKENS - 1
     for bucket in limits.prompt_logprob_buckets:
-        batches.append([Request(_tokens(rng, vocab, max(1, min(bucket, longest))), _sampling(rng, True, False, True))])
+        prompt = _tokens(rng, vocab, max(1, min(bucket, longest)))
+        batches.append([TrafficRequest(prompt, _sampling(rng, True, False, True))])
     return batches
 
 
-def random_batch(rng: random.Random, limits: Limits, vocab: int) -> list[Request]:
+def random_batch(rng: random.Random, limits: Limits, vocab: int) -> list[TrafficRequest]:
     size = rng.randint(1, limits.max_num_seqs)
     max_prompt = limits.max_model_len - MAX_NEW_TOKENS - 1
     greedy = [rng.random() < 0.4 for _ in range(size)]
@@ -236,7 +243,7 @@ def random_batch(rng: random.Random, limits: Limits, vocab: int) -> list[Request
     return _batch(rng, size, vocab, max_prompt, greedy.__getitem__, logprobs.__getitem__, prompt_logprobs.__getitem__)
 
 
-def plan_traffic(seed: int, requests: int, limits: Limits, vocab: int) -> list[list[Request]]:
+def plan_traffic(seed: int, requests: int, limits: Limits, vocab: int) -> list[list[TrafficRequest]]:
     """The coverage set, random batches until ``requests`` requests in all, then the step grid (extra:
     its size follows from the buckets, so ``requests`` keeps buying the same random exploration)."""
     rng = random.Random(seed)
@@ -246,7 +253,7 @@ def plan_traffic(seed: int, requests: int, limits: Limits, vocab: int) -> list[l
     return mix_adapters(batches + step_batches(rng, limits, vocab), limits.loras) + image_batches(rng, limits, vocab)
 
 
-def mix_adapters(batches: list[list[Request]], loras: int) -> list[list[Request]]:
+def mix_adapters(batches: list[list[TrafficRequest]], loras: int) -> list[list[TrafficRequest]]:
     """Request i of batch b names adapter (i + b) mod (loras + 1), 0 being the base model: each batch of
     two or more mixes base and adapter requests, and batches of one take each in turn. Draws nothing from
     the sweep's random stream, so an entry without LoRA gets the same traffic as before."""
@@ -257,7 +264,7 @@ def mix_adapters(batches: list[list[Request]], loras: int) -> list[list[Request]
     return batches
 
 
-def run_traffic(llm, batches: list[list[Request]]) -> int:
+def run_traffic(llm, batches: list[list[TrafficRequest]]) -> int:
     from vllm import SamplingParams
 
     sent = 0
@@ -271,7 +278,7 @@ def run_traffic(llm, batches: list[list[Request]]) -> int:
     return sent
 
 
-def _engine_prompt(request: Request) -> dict[str, Any]:
+def _engine_prompt(request: TrafficRequest) -> dict[str, Any]:
     prompt: dict[str, Any] = {"prompt_token_ids": request.prompt}
     if request.images:
         prompt["multi_modal_data"] = {"image": [made_image(h, w, seed) for h, w, seed in request.images]}
@@ -279,7 +286,7 @@ def _engine_prompt(request: Request) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _adapters(llm, batches: list[list[Request]]):
+def _adapters(llm, batches: list[list[TrafficRequest]]):
     """index -> vLLM LoRARequest (None for the base model), one random adapter written for the engine's
     model and rank; {} when no request names one."""
     ids = sorted({r.adapter for batch in batches for r in batch} - {0})

@@ -72,9 +72,10 @@ def drive_traffic(llm: Any, entry: Entry, seed: int, requests: int) -> int:
     return traffic.run_traffic(llm, batches)
 
 
-def without_params(batches: list[list[traffic.Request]], names: tuple[str, ...]) -> list[list[traffic.Request]]:
+def without_params(batches: list[list[traffic.TrafficRequest]],
+                   names: tuple[str, ...]) -> list[list[traffic.TrafficRequest]]:
     """The same requests without the named sampling parameters (the rest of the sweep keeps its seed)."""
-    return [[traffic.Request(r.prompt, {k: v for k, v in r.sampling.items() if k not in names}) for r in batch]
+    return [[traffic.TrafficRequest(r.prompt, {k: v for k, v in r.sampling.items() if k not in names}) for r in batch]
             for batch in batches]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aotc.entry import Entry, hf_config
 from aotc.runners.multimodal import text_vocab_size, with_images
-from aotc.runners.traffic import Limits, Request, run_traffic  # noqa: F401  (the runner's traffic API)
+from aotc.runners.traffic import Limits, TrafficRequest, run_traffic  # noqa: F401  (the runner's traffic API)
 from aotc.runners.traffic import plan_traffic as _plan_traffic
 
 from .buckets import MIN_NUM_SEQS, req_paddings, traffic_images
@@ -16,7 +16,7 @@ def request_buckets(max_num_seqs: int) -> list[int]:
     return req_paddings(MIN_NUM_SEQS, max(max_num_seqs, MIN_NUM_SEQS))
 
 
-def plan_traffic(seed: int, requests: int, entry: Entry, llm) -> list[list[Request]]:
+def plan_traffic(seed: int, requests: int, entry: Entry, llm) -> list[list[TrafficRequest]]:
     """The sweep for ``entry`` through ``llm``, its engine; a vision model's images among the prompts."""
     limits = Limits.of(entry, request_buckets(entry.max_num_seqs))
     limits = with_images(limits, entry, traffic_images(entry, hf_config(entry)), llm)
