@@ -2,7 +2,7 @@
 
 Every registered runner is reported (its interpreter, its stack's versions, the env vars and XLA flags set
 here); the default runner runs on this interpreter, so its stack must be complete. The loadability probe
-is the default runner's own (``RunnerSpec.probe``), run only when its stack is installed.
+is the default runner's own (``RunnerSpec.loadability_probe``), run only when its stack is installed.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def run_doctor(probe: bool = True) -> dict[str, Any]:
             report["problems"].append(f"{runner}: {info['versions']['error']} ({hint})")
     report["tpu_targets"] = tpu_targets(runners)
     spec = load_runner(DEFAULT_RUNNER)
-    if probe and not missing and (loadability := spec.probe()) is not None:
+    if probe and not missing and (loadability := spec.loadability_probe()) is not None:
         report["loadability"] = loadability
     report["ok"] = not missing
     return report

@@ -182,9 +182,10 @@ class RunnerSpec(ABC):
         """The stock ``vllm serve`` for an entry: (engine arguments, env; None means unset)."""
         raise NotImplementedError(f"runner {self.name} cannot describe its stock server")
 
-    def probe(self) -> dict[str, Any] | None:
+    def loadability_probe(self) -> dict[str, Any] | None:
         """What ``aotc doctor`` reports: can this stack load its own persistent cache? At least ``loadable``
-        (bool) and ``verdict`` (one line); None: the runner has no probe."""
+        (bool) and ``verdict`` (one line); None: the runner has no such probe. (A backend's ``probe`` modules are
+        another thing: the compile evidence a build or verify records per call.)"""
         return None
 
     def tpu_targets(self, environ: Mapping[str, str] | None = None) -> list[dict[str, Any]] | None:

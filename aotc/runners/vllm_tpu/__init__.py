@@ -54,7 +54,7 @@ class VllmTpuRunner(SizedByStack, RunnerSpec):
 
         return serve_settings(entry, cache_dir)
 
-    def probe(self) -> dict[str, Any]:
+    def loadability_probe(self) -> dict[str, Any]:
         from aotc.runners.vllm_tpu.doctor import loadability_probe
 
         return loadability_probe()

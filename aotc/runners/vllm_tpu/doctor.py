@@ -1,4 +1,4 @@
-"""``aotc doctor``'s loadability probe for torch_xla (RunnerSpec.probe): can this stack load its own cache?
+"""``aotc doctor``'s loadability probe for torch_xla (RunnerSpec.loadability_probe): can this stack load its own cache?
 
 One tiny graph is compiled into a temporary persistent cache in one process and run again in a second:
 on a stack that can load, the second process records a hit/load; on torch_xla 2.9.0 it records a
