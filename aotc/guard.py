@@ -484,7 +484,7 @@ def patch_engine_core(session: GuardSession, module: Any) -> None:
 
     The engine-core process loads general plugins inside ``EngineCore.__init__``, so only methods it calls
     later can be hooked there; this one runs after the model is loaded, before the first warm-up compile
-    of the KV-cache-shaped graphs, in vllm 0.13 and vllm-tpu 0.32 alike.
+    of the KV-cache-shaped graphs, in vLLM 0.13 and vLLM-TPU 0.32 alike.
     """
     core = module.EngineCore
     if not first_patch(core):

@@ -2,7 +2,7 @@
 
 The guard counts in vLLM's engine-core process; ``/metrics`` is served by the API-server process(es).
 vLLM puts prometheus_client into multiprocess mode only with ``--api-server-count`` > 1 (or a
-``PROMETHEUS_MULTIPROC_DIR`` the user set; vllm 0.13 and vllm-tpu 0.32 alike, ``entrypoints/cli/serve.py``),
+``PROMETHEUS_MULTIPROC_DIR`` the user set; vLLM 0.13 and vLLM-TPU 0.32 alike, ``entrypoints/cli/serve.py``),
 and prometheus_client picks its value backend once, at import, which vLLM's CLI does before any plugin runs.
 So the engine core cannot write prometheus_client's own files in the default single-API-server mode.
 Instead it writes one small JSON snapshot per process (``aotc-guard-<pid>.json``, atomically, only when a
