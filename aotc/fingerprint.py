@@ -124,7 +124,7 @@ _SIZED = object()
 
 def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size: bool = True) -> int | None:
     """The KV page count the entry pins; None for a runner that pins none. The matrix's override, else the
-    runner's ``kv_pages``: the stack's own sizing, kept per every other fingerprint input (aotc/kv.py), or its
+    runner's ``kv_blocks``: the stack's own sizing, kept per every other fingerprint input (aotc/kv.py), or its
     rule (by default the full-length one). ``size=False``: never start the stack (an init container has neither
     it nor the accelerator); a sizing not on disk raises ``KvNotSized``."""
     if (pinned := kv.override(entry)) is not None:
@@ -132,7 +132,7 @@ def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size
     environ = dict(os.environ if environ is None else environ)
     if entry.backend.kv_sizing_inputs(environ) is not None:
         return kv.stack_kv_blocks(entry, environ, kv_sizing_key(entry, environ), size=size)
-    return entry.backend.kv_pages(entry, environ)
+    return entry.backend.kv_blocks(entry, environ)
 
 
 def kv_sizing_key(entry: Entry, environ: dict[str, str]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 that build, verify, the fingerprint and every serving flag pin, because it is a shape in every backbone
 graph: vLLM's ``num_gpu_blocks_override``) is ``aotc.fingerprint.entry_kv_blocks``.
 
-The matrix's ``engine.num_gpu_blocks_override`` wins. Otherwise the runner's ``RunnerSpec.kv_pages``: where
+The matrix's ``engine.num_gpu_blocks_override`` wins. Otherwise the runner's ``RunnerSpec.kv_blocks``: where
 its own stack sizes the cache as a stock server on that hardware would (``kv_sizing_inputs`` not None:
 tpu-inference fills the HBM left after the weights, × ``gpu_memory_utilization``; on the CPU twin, the
 twin's stated HBM), sizing starts the stack, so its answer is kept on disk per fingerprint inputs
@@ -45,7 +45,7 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
         raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on a TPU "
                          f"({entry.accelerator}) and this host has none: run on the pod's TPU type, or pin "
                          f"engine.{OVERRIDE}")
-    blocks = entry.backend.kv_pages(entry, environ)
+    blocks = entry.backend.kv_blocks(entry, environ)
     keep_answer(cached, {"entry": entry.name, "kv_blocks": blocks})
     return blocks
 

@@ -190,7 +190,7 @@ def test_every_backend_hook_takes_the_entry_typed():
 
     classes = {Planner, RunnerSpec} | {c for spec in registered().values() for c in (type(spec), type(spec.planner))}
     hooks = {name: annotation for cls in classes for name, annotation in entry_hooks(cls).items()}
-    assert {"Planner.capture_plan", "RunnerSpec.kv_pages", "RunnerSpec.validate", "RunnerSpec.serve"} <= set(hooks)
+    assert {"Planner.capture_plan", "RunnerSpec.kv_blocks", "RunnerSpec.validate", "RunnerSpec.serve"} <= set(hooks)
     assert {name: annotation for name, annotation in hooks.items() if annotation != "Entry"} == {}
 
 

@@ -1,4 +1,4 @@
-"""A stack that sizes its own KV cache: the ``RunnerSpec`` side (``SizedByStack``: ``kv_pages`` runs the
+"""A stack that sizes its own KV cache: the ``RunnerSpec`` side (``SizedByStack``: ``kv_blocks`` runs the
 backend's sizing module in the runner's interpreter) and what both runners' sizing modules share inside it
 (stopping vLLM's engine start once the stack has sized its KV cache, the stdin/stdout protocol).
 
@@ -33,13 +33,13 @@ OVERRIDE = "num_gpu_blocks_override"
 
 class SizedByStack:
     """Mixin for a ``RunnerSpec`` whose stack sizes the KV cache itself, as a stock server on the entry's device
-    would (vLLM's ``determine_available_memory``): ``kv_pages`` runs ``kv_sizer`` as ``python -m`` in the
+    would (vLLM's ``determine_available_memory``): ``kv_blocks`` runs ``kv_sizer`` as ``python -m`` in the
     runner's interpreter, the entry's JSON on stdin, and reads ``{"kv_blocks": N}`` back. The sizer's
     ``SIZING_ENV`` names the variables that sizing reads besides the fingerprint's (e.g. the twin's HBM)."""
 
     kv_sizer: ClassVar[str]
 
-    def kv_pages(self: RunnerSpec, entry: Entry, environ: Mapping[str, str]) -> int:
+    def kv_blocks(self: RunnerSpec, entry: Entry, environ: Mapping[str, str]) -> int:
         return size_in_runner(self, entry, environ, self.kv_sizer)
 
     def kv_sizing_inputs(self, environ: Mapping[str, str]) -> dict[str, Any]:

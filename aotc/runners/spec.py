@@ -46,7 +46,7 @@ class Planner(ABC):
         """The padded buckets behind the plan, for ``aotc plan`` and the report."""
 
     def kv_page_size(self, entry: Entry) -> int | None:
-        """Tokens per KV page, for the full-length page count (``RunnerSpec.kv_pages``' default); None: the
+        """Tokens per KV page, for the full-length page count (``RunnerSpec.kv_blocks``' default); None: the
         runner pins no page count."""
         return None
 
@@ -135,7 +135,7 @@ class RunnerSpec(ABC):
         """The backend's ``Planner`` (required). A planner module that is not import-light is imported here, on
         first use."""
 
-    def kv_pages(self, entry: Entry, environ: Mapping[str, str]) -> int | None:
+    def kv_blocks(self, entry: Entry, environ: Mapping[str, str]) -> int | None:
         """The KV page count a stock server of this stack gives an entry that pins none (vLLM's
         ``num_gpu_blocks_override``, a shape in every backbone graph). Default: the full-length rule, every
         sequence at ``max_model_len`` (``Planner.kv_page_size`` tokens a page) + vLLM's null block; None: the
@@ -145,7 +145,7 @@ class RunnerSpec(ABC):
         return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page) if page else None
 
     def kv_sizing_inputs(self, environ: Mapping[str, str]) -> dict[str, Any] | None:
-        """None: ``kv_pages`` is a rule of the entry alone. Otherwise ``kv_pages`` starts the stack, and this is
+        """None: ``kv_blocks`` is a rule of the entry alone. Otherwise ``kv_blocks`` starts the stack, and this is
         what its answer depends on besides the fingerprint inputs (the variables it reads, its code's digest):
         the core keeps each answer keyed on both and starts no stack where it may not (aotc/kv.py)."""
         return None

@@ -183,14 +183,14 @@ def test_every_cache_entry_is_a_tpu_executable_and_attention_holds_the_stacks_pa
 @pytest.mark.slow
 def test_each_graph_carries_the_compilers_figures_within_the_chips_hbm(manifest):
     limit = manifest["target"]["hbm_bytes_per_device"]
-    kv_pages = manifest["inputs"]["kv_blocks"]
+    kv_blocks = manifest["inputs"]["kv_blocks"]
     planned = [g for g in manifest["graphs"] if g["family"] != "startup"]
     for graph in planned:
         figures = graph["compiled"]
         assert figures["generated_code_bytes"] > 0 and 0 < figures["peak_memory_bytes"] <= limit, graph
     # the stack sized the KV cache against the chip's HBM: the backbone takes it as an argument
     backbone = max(g["compiled"]["argument_bytes"] for g in planned if g["family"] == "backbone")
-    assert kv_pages > 1000 and backbone > limit // 2, (kv_pages, backbone)
+    assert kv_blocks > 1000 and backbone > limit // 2, (kv_blocks, backbone)
 
 
 @pytest.mark.slow
