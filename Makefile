@@ -2,11 +2,12 @@
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 UV_VERSION := 0.13.9
+# full.lock: the `full` extra (aotc[full]) = the core + the vllm-tpu runner's stack (torch_xla, vLLM 0.13).
 LOCK := requirements/full.lock
 AOTC_HOME ?= $(HOME)/.cache/aotc
 VENV ?= $(AOTC_HOME)/venv-full-$(shell sha256sum $(LOCK) | cut -c1-12)
 BIN := $(VENV)/bin
-# The tpu-inference runner's stack (JAX, vllm-tpu 0.32) conflicts with the torch_xla one and ships
+# The tpu-inference runner's stack (JAX, vLLM-TPU 0.32) conflicts with the torch_xla one and ships
 # cp312 wheels only: its own venv, keyed by its own lock, under Python 3.12.
 JAX_LOCK := requirements/jax.lock
 JAX_VENV ?= $(AOTC_HOME)/venv-jax-$(shell sha256sum $(JAX_LOCK) | cut -c1-12)
