@@ -285,7 +285,7 @@ _UNSET = object()
 
 def _aotc_engine_arg(key: str, value: Any) -> bool:
     """An argument aotc's own engines add beyond the matrix's: an in-process LLM's token-id input, the CPU twin's
-    worker (aotc/runners/engine_common.py, the runners' engine.py). The build's graphs are made with them and
+    worker (aotc/runners/vllm_engine.py, the runners' engine.py). The build's graphs are made with them and
     the fingerprint hashes neither (the twin's worker follows from ``device``), so neither is a difference."""
     return key == "skip_tokenizer_init" or key == "worker_cls" and str(value).startswith("aotc.runners.")
 

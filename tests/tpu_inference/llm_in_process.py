@@ -15,7 +15,7 @@ from pathlib import Path
 from aotc.fingerprint import pin_kv
 from aotc.matrix import load_matrix
 from aotc.runners.flags import xla_flags
-from aotc.runners.engine_common import apply_env, llm_args
+from aotc.runners.vllm_engine import apply_env, llm_args
 from aotc.runners.tpu_inference.engine import serve_settings
 from aotc.runners.tpu_inference.session import drive_traffic
 

@@ -12,13 +12,12 @@ default JAX keeps only graphs that took >= 1 s to compile, and a pod would compi
 from __future__ import annotations
 
 import os
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from aotc.entry import Entry
-from aotc.runners.engine_common import apply_env, llm_args
-from aotc.runners.engine_common import engine_args as common_engine_args
-from aotc.runners.multimodal import entry_is_multimodal, text_vocab_size
+from aotc.runners.multimodal import text_vocab_size
+from aotc.runners.vllm_engine import Env, VllmEngine
 
 from .twin_plugin import ENV_FLAG as TWIN_FLAG
 
@@ -28,33 +27,62 @@ PERSIST_EVERYTHING = {
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
 }
 
+# The engine's seed is baked into graphs (dummy-weight init): build, verify and a pod must share it.
+# vLLM's default. The traffic seed is separate.
+ENGINE_SEED = 0
 
-def serving_env(entry: Entry, cache_dir: str, environ=None) -> dict[str, str | None]:
-    """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset. ``environ`` is
-    the environment the server starts from (default: this process's)."""
-    env: dict[str, str | None] = {
-        "VLLM_XLA_CACHE_PATH": cache_dir,
-        # From process start, not only once tpu-inference's compilation manager starts: the first few
-        # graphs (jit(stage), _threefry_seed, ...) compile before it and would miss the cache.
-        "JAX_COMPILATION_CACHE_DIR": cache_dir,
-        "VLLM_DISABLE_COMPILE_CACHE": None,
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        **PERSIST_EVERYTHING,
-    }
-    if entry.model_path:
-        env["HF_HUB_OFFLINE"] = "1"
-    env.update(lora_env(entry))
-    env.update(data_parallel_env(entry))
-    if entry.device == "cpu":
-        env.update(twin_device_flags(entry, environ))
-        env.update({TWIN_FLAG: "1", **host_without_tpu_env(entry, "aotc-cpu-twin")})
-    elif entry.device == "tpu":
-        env[TWIN_FLAG] = None  # never on a real TPU host
-        env["JAX_PLATFORMS"] = None
-    else:
-        raise ValueError(f"unknown device {entry.device!r}")
-    return env
+
+class TpuInferenceEngine(VllmEngine):
+    """vLLM-TPU on tpu-inference: JAX's persistent cache, the twin on JAX's CPU client, compile-only devices."""
+
+    twin_flag = TWIN_FLAG
+    serve_seed = ENGINE_SEED
+
+    def stack_env(self, entry: Entry, cache_dir: str) -> Env:
+        return {
+            # From process start, not only once tpu-inference's compilation manager starts: the first few
+            # graphs (jit(stage), _threefry_seed, ...) compile before it and would miss the cache.
+            "JAX_COMPILATION_CACHE_DIR": cache_dir,
+            "VLLM_DISABLE_COMPILE_CACHE": None,
+            **PERSIST_EVERYTHING,
+            **lora_env(entry),
+            **data_parallel_env(entry),
+        }
+
+    def device_env(self, entry: Entry, environ: Mapping[str, str]) -> Env:
+        if entry.device == "cpu":
+            return {**twin_device_flags(entry, environ), **host_without_tpu_env(entry, "aotc-cpu-twin")}
+        return {"JAX_PLATFORMS": None}
+
+    def in_process_env(self, entry: Entry, environ: Mapping[str, str]) -> Env:
+        """The flags tpu-inference prepends at import need nothing here: the twin plugin collapses them to one
+        copy in this process as in each of a server's (twin_plugin.py)."""
+        env = host_without_tpu_env(entry, "aotc-compile-only") if compile_only_target(entry) else {}
+        # tpu-inference's own parallel precompile, as the build asks (its default: 1, sequential); each
+        # compile stays tied to the call that submitted it (instrument._pin_pool).
+        return {**env, "NUM_PRECOMPILE_WORKERS": environ.get("NUM_PRECOMPILE_WORKERS") or "1"}
+
+    def prepare(self, entry: Entry) -> None:
+        if topology := compile_only_target(entry):
+            from . import compile_only
+            from .topology import compile_only_devices
+
+            compile_only.install(compile_only_devices(topology))
+
+
+ENGINE = TpuInferenceEngine()
+serving_env = ENGINE.serving_env
+runtime_env = ENGINE.runtime_env
+serve_settings = ENGINE.serve_settings
+
+
+def engine_args(entry: Entry) -> dict[str, Any]:
+    return ENGINE.engine_args(entry, ENGINE_SEED)
+
+
+def start_engine(entry: Entry, cache_dir: str, before_start=None):
+    """Start vLLM in-process with the seed a pod serves with (see ``ENGINE_SEED``); returns (llm, seconds)."""
+    return ENGINE.start_engine(entry, cache_dir, ENGINE_SEED, before_start)
 
 
 def host_without_tpu_env(entry: Entry, name: str) -> dict[str, str]:
@@ -97,24 +125,6 @@ def data_parallel_env(entry: Entry) -> dict[str, str]:
     return {"TPU_MULTIPROCESS_DP": "0"} if data_parallel_size(entry) > 1 else {}
 
 
-def runtime_env(entry: Entry, cache_dir: str, environ=None) -> dict[str, str | None]:
-    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify:
-    the pod's settings. The flags tpu-inference prepends at import need nothing here: the twin plugin
-    collapses them to one copy in this process as in each of a server's (twin_plugin.py)."""
-    environ = os.environ if environ is None else environ
-    env = serving_env(entry, cache_dir, environ)
-    if compile_only_target(entry):
-        env.update(host_without_tpu_env(entry, "aotc-compile-only"))
-    env.update({
-        # In-process engine: one process to measure, and the runner's jits are reachable from here.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        # tpu-inference's own parallel precompile, as the build asks (its default: 1, sequential); each
-        # compile stays tied to the call that submitted it (instrument._pin_pool).
-        "NUM_PRECOMPILE_WORKERS": environ.get("NUM_PRECOMPILE_WORKERS") or "1",
-    })
-    return env
-
-
 def twin_device_flags(entry: Entry, environ=None) -> dict[str, str]:
     """XLA_FLAGS with the twin's virtual devices for a tp > 1 entry (buckets.implied_flags), kept first so
     the launch's own flags still follow; read when JAX's CPU client starts, after this is set."""
@@ -125,49 +135,12 @@ def twin_device_flags(entry: Entry, environ=None) -> dict[str, str]:
     return {"XLA_FLAGS": " ".join(added + current)} if added else {}
 
 
-# The engine's seed is baked into graphs (dummy-weight init): build, verify and a pod must share it.
-# vLLM's default. The traffic seed is separate.
-ENGINE_SEED = 0
-
-
-def engine_args(entry: Entry) -> dict[str, Any]:
-    # A local model as the matrix resolved it (relative paths are relative to the config, not our cwd).
-    local = entry.model_path
-    # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
-    # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree; kv_size.py alone starts without it.
-    return common_engine_args(entry, local or entry.model, bool(local), ENGINE_SEED)
-
-
-def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """RunnerSpec.serve: the stock `vllm serve`'s engine arguments and environment for this entry."""
-    return engine_args(entry), serving_env(entry, cache_dir)
-
-
 def cache_log() -> dict[str, Any]:
     """RunnerSpec.cache_log: JAX logs every persistent-cache lookup (jax/_src/compiler.py)."""
     # WARNING-level hit and miss lines (JAX_DEBUG_LOG_MODULES prints nothing under vLLM); neither changes a key.
     return {"env": {"JAX_LOG_COMPILES": "1", "JAX_EXPLAIN_CACHE_MISSES": "1"},
             "hit": r"Persistent compilation cache hit for '([^']+)' with key '([^']+)'",
             "miss": r"PERSISTENT COMPILATION CACHE MISS for '([^']+)' with key '([^']+)'"}
-
-
-def start_engine(entry: Entry, cache_dir: str, before_start=None):
-    """Start vLLM in-process; returns (llm, seconds). `before_start` runs after the env is set."""
-    apply_env(runtime_env(entry, cache_dir))
-    if topology := compile_only_target(entry):
-        from . import compile_only
-        from .topology import compile_only_devices
-
-        compile_only.install(compile_only_devices(topology))
-    if before_start is not None:
-        before_start()
-    started = time.perf_counter()
-    from vllm import LLM
-
-    # Prompts are token ids here; the tokenizer changes no graph. A multimodal model's input processor needs it
-    # (it expands each image placeholder to the image's tokens): vLLM refuses skip_tokenizer_init there.
-    llm = LLM(**llm_args(engine_args(entry)), skip_tokenizer_init=not entry_is_multimodal(entry), disable_log_stats=True)
-    return llm, time.perf_counter() - started
 
 
 vocab_size = text_vocab_size  # the runner's traffic API

@@ -9,13 +9,11 @@ activates when AOTC_CPU_TWIN=1.
 from __future__ import annotations
 
 import os
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from aotc.entry import Entry
-from aotc.runners.engine_common import apply_env, llm_args
-from aotc.runners.engine_common import engine_args as common_engine_args
-from aotc.runners.multimodal import entry_is_multimodal
+from aotc.runners.vllm_engine import Env, VllmEngine
 
 from .cpu_platform import ENV_FLAG as TWIN_FLAG
 
@@ -31,15 +29,6 @@ def device_name(accelerator: str) -> str:
     return "TPU " + accelerator.split("-", 1)[0].upper()
 
 
-def check_entry(entry: Entry) -> None:
-    if entry.device not in ("cpu", "tpu"):
-        raise ValueError(f"unknown device {entry.device!r}")
-    if entry.device == "cpu" and entry.tensor_parallel_size != 1:
-        # Each rank would get its own PJRT CPU client with ordinal 0, so ranks
-        # would share tp<N>_rank0 and no collective would run: not a TPU's graphs.
-        raise ValueError("device cpu supports tensor_parallel_size 1 only")
-
-
 def local_model(entry: Entry) -> str | None:
     """The local model dir: the matrix's resolved model_path (its ``model`` is relative to the matrix
     file, not to this process), else ``model`` itself when it is a directory."""
@@ -48,74 +37,43 @@ def local_model(entry: Entry) -> str | None:
     return entry.model if os.path.isdir(entry.model) else None
 
 
-def serving_env(entry: Entry, cache_dir: str) -> dict[str, str | None]:
-    """What a pod (the stock `vllm serve`) needs besides the matrix's env: None = unset."""
-    check_entry(entry)
-    env: dict[str, str | None] = {
-        "VLLM_XLA_CACHE_PATH": cache_dir,
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    if local_model(entry):
-        env["HF_HUB_OFFLINE"] = "1"
-    if entry.device == "cpu":
-        env.update(
-            {
-                TWIN_FLAG: "1",
-                "PJRT_DEVICE": "CPU",
-                DEVICE_NAME_ENV: device_name(entry.accelerator),
-                # Single-host gloo rendezvous; keeps the twin off the network.
-                "VLLM_HOST_IP": "127.0.0.1",
-            }
-        )
-    else:
-        # Never let the twin platform activate on a real TPU host.
-        env[TWIN_FLAG] = None
-    return env
+class VllmTpuEngine(VllmEngine):
+    """vLLM 0.13's TPU runner on torch_xla: aotc's measuring worker, the twin on PJRT's CPU client."""
+
+    twin_flag = TWIN_FLAG
+    serve_seed = SERVE_SEED
+
+    def check(self, entry: Entry) -> None:
+        super().check(entry)
+        if entry.device == "cpu" and entry.tensor_parallel_size != 1:
+            # Each rank would get its own PJRT CPU client with ordinal 0, so ranks
+            # would share tp<N>_rank0 and no collective would run: not a TPU's graphs.
+            raise ValueError("device cpu supports tensor_parallel_size 1 only")
+
+    def local_model(self, entry: Entry) -> str | None:
+        return local_model(entry)
+
+    def device_env(self, entry: Entry, environ: Mapping[str, str]) -> Env:
+        if entry.device != "cpu":
+            return {}
+        # Single-host gloo rendezvous (VLLM_HOST_IP); keeps the twin off the network.
+        return {"PJRT_DEVICE": "CPU", DEVICE_NAME_ENV: device_name(entry.accelerator), "VLLM_HOST_IP": "127.0.0.1"}
+
+    def runner_args(self, entry: Entry) -> dict[str, Any]:
+        return {"worker_cls": CPU_WORKER if entry.device == "cpu" else TPU_WORKER}
+
+    def serve_runner_args(self, entry: Entry) -> dict[str, Any]:
+        """vLLM's own TPUWorker; on the CPU twin its PJRT-CPU subclass without aotc's build-time measuring."""
+        return {"worker_cls": CPU_SERVING_WORKER} if entry.device == "cpu" else {}
 
 
-def runtime_env(entry: Entry, cache_dir: str) -> dict[str, str | None]:
-    """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify."""
-    env = serving_env(entry, cache_dir)
-    # In-process engine: the driver reads the worker through collective_rpc and the whole start-up is
-    # one process to measure.
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    return env
-
-
-def engine_args(entry: Entry, seed: int) -> dict[str, Any]:
-    local = local_model(entry)
-    # The KV cache's page count (a shape in every backbone graph) comes pinned in the entry's engine
-    # arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree.
-    return common_engine_args(entry, local or entry.model, bool(local), seed,
-                              worker_cls=CPU_WORKER if entry.device == "cpu" else TPU_WORKER)
-
-
-def serve_settings(entry: Entry, cache_dir: str) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """RunnerSpec.serve: the stock `vllm serve`'s engine arguments and environment for this entry.
-
-    vLLM's own TPUWorker; on the CPU twin its PJRT-CPU subclass without aotc's build-time measuring."""
-    args = engine_args(entry, SERVE_SEED)
-    if entry.device == "cpu":
-        args["worker_cls"] = CPU_SERVING_WORKER
-    else:
-        del args["worker_cls"]
-    return args, serving_env(entry, cache_dir)
-
-
-def start_engine(entry: Entry, cache_dir: str, seed: int, before_start=None):
-    """Start vLLM in-process; returns (llm, seconds). `before_start` runs after the env is set."""
-    apply_env(runtime_env(entry, cache_dir))
-    if before_start is not None:
-        before_start()
-    started = time.perf_counter()
-    from vllm import LLM
-
-    # Prompts are token ids here; the tokenizer changes no graph. A multimodal model's input processor needs it
-    # (it expands each image placeholder to the image's tokens): vLLM refuses skip_tokenizer_init there.
-    llm = LLM(**llm_args(engine_args(entry, seed)), skip_tokenizer_init=not entry_is_multimodal(entry),
-              disable_log_stats=True)
-    return llm, time.perf_counter() - started
+ENGINE = VllmTpuEngine()
+check_entry = ENGINE.check
+serving_env = ENGINE.serving_env
+runtime_env = ENGINE.runtime_env
+engine_args = ENGINE.engine_args
+serve_settings = ENGINE.serve_settings
+start_engine = ENGINE.start_engine
 
 
 def worker_records(llm) -> tuple[list[dict], dict[str, Any]]:
