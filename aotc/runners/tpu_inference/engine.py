@@ -4,7 +4,7 @@
 points JAX's persistent compilation cache there); on a host with no TPU, aotc's own processes start it on
 the accelerator's compile-only devices (compile_only.py): the same graphs, compiled for that TPU, never run.
 `device: cpu` is the same on JAX's CPU backend with the twin plugin (twin_plugin.py), which vLLM only
-activates when AOTC_JAX_CPU_TWIN=1.
+activates when AOTC_CPU_TWIN=1.
 Either way JAX's persistence thresholds are lowered so that *every* compiled graph is written: by
 default JAX keeps only graphs that took >= 1 s to compile, and a pod would compile the rest again.
 """
