@@ -133,3 +133,27 @@ def test_every_exit_code_design_states_is_one_aotc_defines():
         assert all(name in parsers for name in commands.split(", ")), commands
         per_command = {int(c) for group in re.findall(r"(?:^|; )(\d+(?:/\d+)*) ", codes) for c in group.split("/")}
         assert per_command and per_command <= defined - {0}, commands
+
+
+def fingerprint_keys() -> set[str]:
+    """The input names aotc/fingerprint.py writes: dict-literal keys and `inputs[...] =` in the functions that
+    build the inputs, read from the source (computing them would start the stack to size the KV cache)."""
+    import ast
+
+    tree = ast.parse((REPO / "aotc" / "fingerprint.py").read_text())
+    builders = {"fingerprint_inputs", "model_inputs", "local_model_inputs"}
+    keys: set[str] = set()
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in builders):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Dict):
+                keys |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.slice, ast.Constant):
+                keys.add(node.slice.value)
+    return keys
+
+
+def test_designs_fingerprint_table_lists_exactly_the_inputs_the_code_hashes():
+    first_cells = re.findall(r"^\| (`[^|]+) \|", section(DESIGN, "Fingerprint"), re.M)
+    documented = {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
+    assert documented == fingerprint_keys()
