@@ -157,3 +157,10 @@ def test_designs_fingerprint_table_lists_exactly_the_inputs_the_code_hashes():
     first_cells = re.findall(r"^\| (`[^|]+) \|", section(DESIGN, "Fingerprint"), re.M)
     documented = {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
     assert documented == fingerprint_keys()
+
+
+def test_designs_guard_metrics_are_the_ones_the_guard_publishes():
+    from aotc.guard_metrics import HELP
+
+    named = {re.sub(r"_total$", "", m) for m in re.findall(r"`(aotc_\w+)", section(DESIGN, "Guard (serving pods)"))}
+    assert named == set(HELP)
