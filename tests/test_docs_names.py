@@ -164,3 +164,26 @@ def test_designs_guard_metrics_are_the_ones_the_guard_publishes():
 
     named = {re.sub(r"_total$", "", m) for m in re.findall(r"`(aotc_\w+)", section(DESIGN, "Guard (serving pods)"))}
     assert named == set(HELP)
+
+
+@pytest.mark.parametrize("message, parts", [
+    ("Request", ("Request", "PlannedGraph")),
+    ("BuildResult", ("BuildResult", "Graph")),
+    ("VerifyResult", ("VerifyResult", "FamilyRow", "Missed")),
+])
+def test_designs_runner_protocol_names_every_field_of_each_message(message, parts):
+    from aotc.runners import protocol
+
+    bullet = re.search(rf"^- `{message}`:(.*?)(?=^- |\Z)", section(DESIGN, "Runner protocol"), re.M | re.S).group(1)
+    fields = {name for part in parts for name in getattr(protocol, part).model_fields}
+    unnamed = sorted(f for f in fields if not re.search(rf"`[^`]*\b{f}\b[^`]*`", bullet))
+    assert not unnamed, f"design.md's {message} bullet does not name: {unnamed}"
+
+
+def test_designs_manifest_verify_keys_are_the_summarys():
+    from dataclasses import fields
+
+    from aotc.manifest import VerifySummary
+
+    example = re.search(r'"verify": \{([^}]*)\}', section(DESIGN, "Manifest (schema 1)")).group(1)
+    assert set(re.findall(r'"(\w+)"', example)) == {f.name for f in fields(VerifySummary)}
