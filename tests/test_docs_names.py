@@ -187,3 +187,26 @@ def test_designs_manifest_verify_keys_are_the_summarys():
 
     example = re.search(r'"verify": \{([^}]*)\}', section(DESIGN, "Manifest (schema 1)")).group(1)
     assert set(re.findall(r'"(\w+)"', example)) == {f.name for f in fields(VerifySummary)}
+
+
+def table_names(text: str, header: str) -> set[str]:
+    """The first identifier of each row's first cell in the table whose header row starts `| header |`."""
+    table = re.search(rf"^\| {header} \|.*?\n((?:\|.*\n)+)", text, re.M).group(1)
+    return {re.match(r"\| `(\w+)", row).group(1) for row in table.splitlines()[1:] if row.startswith("| `")}
+
+
+def public_methods(cls: type) -> set[str]:
+    return {name for name, value in vars(cls).items()
+            if not name.startswith("_") and (callable(value) or isinstance(value, property))}
+
+
+def test_designs_runner_interface_tables_are_the_specs_fields_hooks_and_planner_methods():
+    from dataclasses import fields
+
+    from aotc.runners.spec import Planner, RunnerSpec
+
+    text = section(DESIGN, "Runner interface")
+    assert table_names(text, "field") == {f.name for f in fields(RunnerSpec)}
+    # matrix_env() and python_env are told in the rows of env_settable and python()
+    assert table_names(text, "hook") == public_methods(RunnerSpec) - {"matrix_env", "python_env"}
+    assert table_names(text, "method") == public_methods(Planner)
