@@ -6,14 +6,20 @@ leaving the docs behind."""
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import signal
 import subprocess
+from dataclasses import fields
 
 import pytest
 
 from aotc import errors
 from aotc.cli import build_parser
+from aotc.guard_metrics import HELP
+from aotc.manifest import VerifySummary
+from aotc.runners import protocol
+from aotc.runners.spec import Planner, RunnerSpec
 
 from .conftest import REPO
 
@@ -138,8 +144,6 @@ def test_every_exit_code_design_states_is_one_aotc_defines():
 def fingerprint_keys() -> set[str]:
     """The input names aotc/fingerprint.py writes: dict-literal keys and `inputs[...] =` in the functions that
     build the inputs, read from the source (computing them would start the stack to size the KV cache)."""
-    import ast
-
     tree = ast.parse((REPO / "aotc" / "fingerprint.py").read_text())
     builders = {"fingerprint_inputs", "model_inputs", "local_model_inputs"}
     keys: set[str] = set()
@@ -160,8 +164,6 @@ def test_designs_fingerprint_table_lists_exactly_the_inputs_the_code_hashes():
 
 
 def test_designs_guard_metrics_are_the_ones_the_guard_publishes():
-    from aotc.guard_metrics import HELP
-
     named = {re.sub(r"_total$", "", m) for m in re.findall(r"`(aotc_\w+)", section(DESIGN, "Guard (serving pods)"))}
     assert named == set(HELP)
 
@@ -172,8 +174,6 @@ def test_designs_guard_metrics_are_the_ones_the_guard_publishes():
     ("VerifyResult", ("VerifyResult", "FamilyRow", "Missed")),
 ])
 def test_designs_runner_protocol_names_every_field_of_each_message(message, parts):
-    from aotc.runners import protocol
-
     bullet = re.search(rf"^- `{message}`:(.*?)(?=^- |\Z)", section(DESIGN, "Runner protocol"), re.M | re.S).group(1)
     fields = {name for part in parts for name in getattr(protocol, part).model_fields}
     unnamed = sorted(f for f in fields if not re.search(rf"`[^`]*\b{f}\b[^`]*`", bullet))
@@ -181,10 +181,6 @@ def test_designs_runner_protocol_names_every_field_of_each_message(message, part
 
 
 def test_designs_manifest_verify_keys_are_the_summarys():
-    from dataclasses import fields
-
-    from aotc.manifest import VerifySummary
-
     example = re.search(r'"verify": \{([^}]*)\}', section(DESIGN, "Manifest (schema 1)")).group(1)
     assert set(re.findall(r'"(\w+)"', example)) == {f.name for f in fields(VerifySummary)}
 
@@ -201,10 +197,6 @@ def public_methods(cls: type) -> set[str]:
 
 
 def test_designs_runner_interface_tables_are_the_specs_fields_hooks_and_planner_methods():
-    from dataclasses import fields
-
-    from aotc.runners.spec import Planner, RunnerSpec
-
     text = section(DESIGN, "Runner interface")
     assert table_names(text, "field") == {f.name for f in fields(RunnerSpec)}
     # matrix_env() and python_env are told in the rows of env_settable and python()
