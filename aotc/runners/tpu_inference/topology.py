@@ -23,17 +23,19 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-# what `aotc doctor` tries: Cloud TPU's single-host slices. Not v7x: libtpu 0.0.48 resolves tpu7x:2x2x1 alone, but
-# once refused it ("Invalid TPU external name: TPU7x") in a process that had made other topologies first, in the
-# suite; until that is understood aotc names no v7x target it cannot make every time
-SINGLE_HOST_SLICES = ("v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8")
+# what `aotc doctor` tries: Cloud TPU's single-host slices (a v7x host is Cloud's tpu7x-8: 4 chips, 8 TensorCores).
+# libtpu 0.0.48 resolves tpu7x in any order; the one refusal once seen ("Invalid TPU external name: TPU7x") was
+# libtpu 0.0.21's, loaded through TPU_LIBRARY_PATH (use_this_stacks_libtpu says why that no longer happens)
+SINGLE_HOST_SLICES = ("v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8", "v7x-8")
 ACCELERATOR = re.compile(r"^(v5e|v5p|v6e|v7x)-(\d+)$")
 
 
 @dataclass(frozen=True)
 class Generation:
     libtpu_name: str  # the prefix libtpu's topology names take
-    cores_per_chip_in_name: int  # Cloud TPU names count TensorCores for v5p and v7x, chips for v5e and v6e
+    # Cloud TPU names count TensorCores for v5p and v7x, chips for v5e and v6e; a v7x chip is two JAX devices (one
+    # per TensorCore, the stack's HBM limit half the chip's), a v5p chip one (megacore)
+    cores_per_chip_in_name: int
     dims: int  # a 2D (v5e, v6e) or 3D (v5p, v7x) torus
     max_chips_per_host: int
     hbm_bytes_per_chip: int  # what the stack's KV sizing fills (Cloud TPU's published HBM per chip)
@@ -121,7 +123,8 @@ def use_this_stacks_libtpu() -> None:
     TPU_LIBRARY_PATH says. Importing another stack's libtpu package sets that variable (libtpu 0.0.21's, in the
     torch_xla venv, does at import), and every process started from such a process then loads that libtpu:
     measured, a compile-only build from a test process that had imported it compiled with libtpu 0.0.21, which
-    refused the stack's kernels ("no such field: 'disable_semaphore_checks'")."""
+    refused the stack's kernels ("no such field: 'disable_semaphore_checks'") and knows no v7x ("Invalid TPU
+    external name: TPU7x")."""
     import libtpu
 
     os.environ["TPU_LIBRARY_PATH"] = libtpu.get_library_path()
