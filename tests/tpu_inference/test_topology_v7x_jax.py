@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aotc.accelerators import parse_accelerator
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.tpu_inference.topology import SINGLE_HOST_SLICES, targets_on_this_host, topology_for
@@ -38,6 +39,9 @@ def test_doctor_lists_v7x_8_even_where_the_environment_names_another_stacks_libt
     v7x = targets["v7x-8"]
     assert v7x["topology"] == V7X.name == "tpu7x:2x2x1" and v7x["device_kind"] == "TPU7x", v7x
     assert v7x["devices"] == V7X.chips * TENSORCORES_PER_CHIP == 8, v7x
+    # the matrix's tensor-parallel limit (aotc/accelerators.py) is what libtpu gives each single-host slice
+    assert {name: parse_accelerator(name).host_devices for name in targets} == {
+        name: row["devices"] for name, row in targets.items()}
 
 
 # --- the JAX demo built for a v7x-8 on this host --------------------------------------------------
