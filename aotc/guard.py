@@ -39,7 +39,7 @@ from aotc.runners.watching import StepCompiles, first_patch, when_imported
 
 ENV_GUARD = "AOTC_GUARD"
 ENV_ACCELERATOR = "AOTC_ACCELERATOR"
-GKE_ACCELERATOR_ENV = "TPU_ACCELERATOR_TYPE"  # set by GKE/TPU VMs, e.g. "v6e-8"
+GKE_ACCELERATOR_ENV = "TPU_ACCELERATOR_TYPE"  # set by GKE/TPU VMs in Cloud's names: "v6e-8", "tpu7x-8"
 LAUNCH_FLAGS_ENV = "AOTC_GUARD_LAUNCH_FLAGS"
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
@@ -170,6 +170,7 @@ def running_entry(vllm_config: Any, manifest: Any = None, environ: Mapping[str, 
                   runner: str, device: str):
     """The matrix Entry this engine is: its VllmConfig and the arguments it was given (what the pod really
     runs). Every input comes from this engine but the accelerator where the pod names none (the CPU twin)."""
+    from aotc.accelerators import from_cloud_name
     from aotc.matrix import Entry
 
     environ = os.environ if environ is None else environ
@@ -182,8 +183,8 @@ def running_entry(vllm_config: Any, manifest: Any = None, environ: Mapping[str, 
         revision=model_cfg.revision or "main",  # vLLM's None is the hub's default branch, the matrix's "main"
         runner=runner,
         device=device,
-        accelerator=(environ.get(ENV_ACCELERATOR) or environ.get(GKE_ACCELERATOR_ENV)
-                     or published.get("accelerator") or "unknown"),
+        accelerator=from_cloud_name(environ.get(ENV_ACCELERATOR) or environ.get(GKE_ACCELERATOR_ENV)
+                                    or published.get("accelerator") or "unknown"),
         # as asked for ("auto" included): vLLM resolves it before a worker exists
         dtype=str(record["given"].get("dtype", "auto") if record else model_cfg.dtype).removeprefix("torch."),
         max_model_len=model_cfg.max_model_len,

@@ -20,6 +20,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError,
                       field_validator, model_validator)
 
+from aotc.accelerators import Accelerator, parse_accelerator
 from aotc.engine_args import ARGUMENT_FILES, OWN_KEYS, decoded_json_args, normalize, stack_verdicts, with_hf_overrides
 from aotc.entry import MAX_CONFIG_JSON_BYTES, Entry
 from aotc.errors import BadInput, MatrixError
@@ -28,7 +29,6 @@ from aotc.hf_cache import cached_file
 from aotc.runners.spec import (DEFAULT_RUNNER, RunnerSpec, UnknownRunner, load_runner, registered, runner_python,
                                runner_versions)
 
-ACCELERATOR_RE = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e|v7x?)-(\d+)$")
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._]|-(?!-))*$")
 
 MAX_MATRIX_BYTES = 1 << 20  # a matrix is a few KiB: /dev/zero or a log named by mistake is not read whole
@@ -135,8 +135,8 @@ class Settings(_Frozen):
     @field_validator("accelerator")
     @classmethod
     def _accelerator(cls, v: str | None) -> str | None:
-        if v is not None and not ACCELERATOR_RE.match(v):
-            raise ValueError(f"expected a TPU type-chips such as 'v6e-8' or 'v5e-4', got {v!r}")
+        if v is not None:
+            parse_accelerator(v)
         return v
 
 
@@ -574,14 +574,24 @@ def _env_type(runner: str, var: str) -> TypeAdapter:
 
 
 def _tpu_problems(entry: Entry) -> list[str]:
-    """A tensor-parallel group is a set of chips of one host with a valid chip topology (libtpu's
+    """A tensor-parallel group is a set of JAX devices of one host with a valid chip topology (libtpu's
     TPU_CHIPS_PER_PROCESS_BOUNDS: 1, 2, 4 or 8 chips); the CPU twin has no such limit."""
     if entry.device != "tpu":
         return []
-    tp, chips = entry.tensor_parallel_size, int(ACCELERATOR_RE.match(entry.accelerator).group(2))
-    if tp > chips:
-        return [f"matrix.tensor_parallel_size: {tp} exceeds the {chips} chips of {entry.accelerator}"]
+    tp, accelerator = entry.tensor_parallel_size, parse_accelerator(entry.accelerator)
+    if tp > accelerator.host_devices:
+        return [f"matrix.tensor_parallel_size: {tp} exceeds the {_host(accelerator)}"]
     if tp & (tp - 1):
-        return [f"matrix.tensor_parallel_size: {tp} chips is not a TPU chip topology on {entry.accelerator} "
-                "(libtpu process bounds take 1, 2, 4 or 8 chips)"]
+        return [f"matrix.tensor_parallel_size: {tp} devices is not a TPU topology on {entry.accelerator} "
+                "(a power of two: libtpu's process bounds take 1, 2, 4 or 8 chips)"]
     return []
+
+
+def _host(accelerator: Accelerator) -> str:
+    """'8 JAX devices of a v7x-8 host (4 chips, 2 devices a chip; ...)': the figures a limit comes from."""
+    generation = accelerator.generation
+    per_chip = f"{generation.devices_per_chip} device{'s' if generation.devices_per_chip > 1 else ''} a chip"
+    counted = (f"; the {accelerator.name.rpartition('-')[2]} of {accelerator.name} counts TensorCores, "
+               f"{generation.cores_per_chip_in_name} a chip" if generation.cores_per_chip_in_name > 1 else "")
+    return (f"{accelerator.host_devices} JAX devices of a {accelerator.name} host ({accelerator.host_chips} chips, "
+            f"{per_chip}{counted})")

@@ -25,7 +25,7 @@ BACKENDS = ("aotc.runners.vllm_tpu", "aotc.runners.tpu_inference")
 INTERFACE = "aotc.runners"
 # Data types and helpers every layer may use; each imports only other leaves and the runner spec.
 LEAVES = frozenset({"aotc.errors", "aotc.files", "aotc.processes", "aotc.engine_args", "aotc.graphs", "aotc.matrix",
-                    "aotc.hf_cache", "aotc.entry"})
+                    "aotc.hf_cache", "aotc.entry", "aotc.accelerators"})
 
 
 def module_name(path: Path) -> str:

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from aotc.accelerators import to_cloud_name
 from aotc.entry import Entry
 from aotc.runners.multimodal import text_vocab_size
 from aotc.runners.vllm_engine import Env, VllmEngine
@@ -88,7 +89,7 @@ def start_engine(entry: Entry, cache_dir: str, before_start=None):
 def host_without_tpu_env(entry: Entry, name: str) -> dict[str, str]:
     """The stack on JAX's CPU client, on a host with no TPU: what tpu_info and libtpu would otherwise ask the GCE
     metadata server (they name the TPU; no graph reads them), and no libtpu lock file (topology.py says why)."""
-    return {"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": entry.accelerator, "TPU_NAME": name,
+    return {"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": to_cloud_name(entry.accelerator), "TPU_NAME": name,
             "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1", "VLLM_HOST_IP": "127.0.0.1",
             "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 

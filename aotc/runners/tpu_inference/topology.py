@@ -4,11 +4,11 @@ libtpu compiles for a TPU it does not have: ``jax.experimental.topologies.get_to
 devices of a named topology, which lower and compile but never run. JAX's cache key hashes the topology's
 fingerprint (``cache_key._hash_accelerator_config``), and that fingerprint depends on how the chips are split
 into hosts (measured with libtpu 0.0.48: ``v6e:2x4`` as one 8-chip host and as two 4-chip hosts differ), so
-the host shape here is the one a pod of that accelerator type runs on: Cloud TPU's single-host machine types
-(v5e and v6e up to 8 chips on one host, v5p and v7x 4 chips a host), 4-chip hosts beyond. v4 is left
-out: libtpu's compile-only v4 topology has two devices a chip where a v4 pod's JAX has one (megacore).
+the host shape here is the one a pod of that accelerator type runs on: Cloud TPU's machine types, as
+aotc/accelerators.py holds them with each generation's chips, devices and HBM. v4 is left out: libtpu's
+compile-only v4 topology has two devices a chip where a v4 pod's JAX has one (megacore).
 
-The table is pure data (the core and the plan import it); only ``compile_only_devices`` and
+``topology_for`` is pure data (the core and the plan import it); only ``compile_only_devices`` and
 ``target_facts`` import JAX.
 """
 
@@ -17,35 +17,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-# what `aotc doctor` tries: Cloud TPU's single-host slices. Not v7x: libtpu 0.0.48 resolves tpu7x:2x2x1 alone, but
-# once refused it ("Invalid TPU external name: TPU7x") in a process that had made other topologies first, in the
-# suite; until that is understood aotc names no v7x target it cannot make every time
-SINGLE_HOST_SLICES = ("v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8")
-ACCELERATOR = re.compile(r"^(v5e|v5p|v6e|v7x)-(\d+)$")
+from aotc.accelerators import parse_accelerator
 
-
-@dataclass(frozen=True)
-class Generation:
-    libtpu_name: str  # the prefix libtpu's topology names take
-    cores_per_chip_in_name: int  # Cloud TPU names count TensorCores for v5p and v7x, chips for v5e and v6e
-    dims: int  # a 2D (v5e, v6e) or 3D (v5p, v7x) torus
-    max_chips_per_host: int
-    hbm_bytes_per_chip: int  # what the stack's KV sizing fills (Cloud TPU's published HBM per chip)
-
-
-GIB = 1 << 30
-GENERATIONS = {
-    "v5e": Generation("v5e", 1, 2, 8, 16 * GIB),
-    "v5p": Generation("v5p", 2, 3, 4, 95 * GIB),
-    "v6e": Generation("v6e", 1, 2, 8, 32 * GIB),
-    "v7x": Generation("tpu7x", 2, 3, 4, 192 * GIB),
-}
+# what `aotc doctor` tries: Cloud TPU's single-host slices (a v7x host is Cloud's tpu7x-8: 4 chips, 8 TensorCores).
+# libtpu 0.0.48 resolves tpu7x in any order; the one refusal once seen ("Invalid TPU external name: TPU7x") was
+# libtpu 0.0.21's, loaded through TPU_LIBRARY_PATH (use_this_stacks_libtpu says why that no longer happens)
+SINGLE_HOST_SLICES = ("v5e-1", "v5e-4", "v5e-8", "v6e-1", "v6e-4", "v6e-8", "v5p-8", "v7x-8")
+# libtpu's prefix for each generation it compiles for here (the facts of each: aotc/accelerators.py)
+LIBTPU_NAMES = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "v7x": "tpu7x"}
 
 
 @dataclass(frozen=True)
@@ -68,20 +52,17 @@ class Topology:
 
 def topology_for(accelerator: str) -> Topology:
     """``v6e-8`` -> libtpu's ``v6e:2x4`` on one host. ValueError names what is not a topology."""
-    match = ACCELERATOR.match(accelerator)
-    if not match:
+    parsed = parse_accelerator(accelerator)
+    generation = parsed.generation
+    if generation.name not in LIBTPU_NAMES:
         raise ValueError(f"accelerator {accelerator!r}: no TPU topology aotc can compile for (one of "
-                         f"{', '.join(g + '-N' for g in GENERATIONS)})")
-    generation = GENERATIONS[match[1]]
-    count = int(match[2])
-    chips, remainder = divmod(count, generation.cores_per_chip_in_name)
-    if remainder or chips < 1 or chips & (chips - 1):
-        counted = " of TensorCores, 2 a chip" if generation.cores_per_chip_in_name > 1 else ""
-        raise ValueError(f"accelerator {accelerator!r}: {count} is not a {match[1]} slice size (a power of two{counted})")
-    shape = torus_shape(chips, generation.dims)
-    per_host = host_shape(chips, generation)
-    name = f"{generation.libtpu_name}:{'x'.join(map(str, shape))}"
-    return Topology(accelerator, name, chips, per_host, generation.hbm_bytes_per_chip)
+                         f"{', '.join(g + '-N' for g in LIBTPU_NAMES)})")
+    if parsed.chips & (parsed.chips - 1):
+        raise ValueError(f"accelerator {accelerator!r}: {parsed.chips} chips, not a power of two aotc compiles for")
+    shape = torus_shape(parsed.chips, generation.dims)
+    per_host = (*torus_shape(parsed.host_chips, 2), 1)
+    name = f"{LIBTPU_NAMES[generation.name]}:{'x'.join(map(str, shape))}"
+    return Topology(accelerator, name, parsed.chips, per_host, generation.hbm_bytes_per_chip)
 
 
 def torus_shape(chips: int, dims: int) -> tuple[int, ...]:
@@ -93,13 +74,6 @@ def torus_shape(chips: int, dims: int) -> tuple[int, ...]:
     for axis in range(int(math.log2(chips))):
         sides[axis % dims] *= 2
     return tuple(sorted(sides))
-
-
-def host_shape(chips: int, generation: Generation) -> tuple[int, int, int]:
-    """A slice that fits one host is one host; a larger one is 2x2-chip hosts (Cloud TPU's multi-host VMs)."""
-    if chips <= generation.max_chips_per_host:
-        return (*torus_shape(chips, 2), 1)  # type: ignore[return-value]
-    return (2, 2, 1)
 
 
 def compile_only_devices(topology: Topology) -> list[Any]:
@@ -121,7 +95,8 @@ def use_this_stacks_libtpu() -> None:
     TPU_LIBRARY_PATH says. Importing another stack's libtpu package sets that variable (libtpu 0.0.21's, in the
     torch_xla venv, does at import), and every process started from such a process then loads that libtpu:
     measured, a compile-only build from a test process that had imported it compiled with libtpu 0.0.21, which
-    refused the stack's kernels ("no such field: 'disable_semaphore_checks'")."""
+    refused the stack's kernels ("no such field: 'disable_semaphore_checks'") and knows no v7x ("Invalid TPU
+    external name: TPU7x")."""
     import libtpu
 
     os.environ["TPU_LIBRARY_PATH"] = libtpu.get_library_path()
