@@ -34,8 +34,8 @@ def test_pooled_compiles_land_in_the_submitting_calls_window():
     release.set()
     for future in manager.futures:
         future.result()
-    calls = [r for r in probe.snapshot() if r["kind"] == "call"]
-    assert [(c["shape"]["num_reqs"], c["writes"], c["written"]) for c in calls] == [
-        (8, 1, ["sample-8"]), (16, 1, ["sample-16"])]
-    phase = [r for r in probe.snapshot() if r["kind"] == "phase"]
-    assert (phase[0]["requests"], phase[0]["writes"]) == (1, 0)
+    calls = [r for r in probe.snapshot() if r.kind == "call"]
+    assert [(c.shape["num_reqs"], c.counts.writes, c.written) for c in calls] == [
+        (8, 1, ("sample-8",)), (16, 1, ("sample-16",))]
+    phase = [r for r in probe.snapshot() if r.kind == "phase"]
+    assert (phase[0].counts.requests, phase[0].counts.writes) == (1, 0)

@@ -6,15 +6,17 @@ import pytest
 
 from aotc.build import plan_coverage
 from aotc.graphs import BuildPlan, GraphSpec
-from aotc.runners.protocol import BuildResult
+from aotc.runners.protocol import BuildResult, FamilyRow, Missed
+from aotc.runners.records import Record, family_table, missed
 from aotc.runners.vllm_tpu.build import capture_calls, capture_outside
-from aotc.runners.vllm_tpu.records import runtime_graphs
-from aotc.runners.vllm_tpu.verify import family_table, missed
+from aotc.runners.vllm_tpu.probe import window_record
+from aotc.runners.vllm_tpu.records import display_shape, runtime_graphs
 
 
 def rec(phase, kind, family, shape=None, new=(), rewritten=(), **stats):
-    return {"phase": phase, "kind": kind, "family": family, "shape": shape or {}, "new": list(new),
-            "rewritten": list(rewritten), "stats": stats, "seconds": 0.0}
+    """A worker's record as it crosses from the worker process (plain data), read back as the driver does."""
+    return Record.from_dict(window_record(phase, kind, family, shape or {}, list(new), list(rewritten), stats,
+                                          0.0).as_dict())
 
 
 PLAN = BuildPlan(None, (GraphSpec.of("backbone", num_tokens=16, num_reqs=8, num_blocks=8),
@@ -64,8 +66,8 @@ def test_runtime_calls_inherit_their_step_shape():
         rec("runtime", "step", "runtime", step),
     ]
     (graph,) = runtime_graphs(recs)
-    assert graph["shape"]["what"] == "sample_tokens/sample_from_logits"
-    assert graph["shape"]["sampling"] == "greedy+random" and graph["keys"] == ["r/x"]
+    assert graph.shape["what"] == "sample_tokens/sample_from_logits"
+    assert graph.shape["sampling"] == "greedy+random" and graph.keys == ["r/x"]
 
 
 def test_verify_counts_new_files_as_misses_and_rewrites_as_failed_loads():
@@ -76,22 +78,21 @@ def test_verify_counts_new_files_as_misses_and_rewrites_as_failed_loads():
         rec("runtime", "step", "runtime", {"what": "sample_tokens"}, PersistentCacheHit=1),
     ]
     table = family_table(recs)
-    assert table["backbone"] == {"requests": 0, "found": 1, "loads": 0, "misses": 1, "writes": 0, "new_files": 1,
-                                 "rewritten_files": 1, "compiles": 2, "uncached_compiles": 0,
-                                 "deserialize_failures": 1}
-    assert table["startup"]["found"] == 1 and table["runtime"]["loads"] == 1
-    assert missed(recs) == [{"family": "backbone", "shape": BACKBONE, "key": "r/new"}]
+    assert table["backbone"] == FamilyRow(found=1, misses=1, new_files=1, rewritten_files=1, compiles=2,
+                                          deserialize_failures=1)
+    assert table["startup"].found == 1 and table["runtime"].loads == 1
+    assert missed(recs, display_shape) == [Missed(family="backbone", shape=BACKBONE, key="r/new")]
 
 
 def test_verdict_fails_on_misses_and_on_compiles_that_left_no_cache_trace():
     from aotc.runners.vllm_tpu.verify import verdict
 
     clean = [rec("capture", "call", "backbone", BACKBONE, rewritten=["r/a"], UncachedCompile=1)]
-    assert verdict(family_table(clean), missed(clean)) is None
+    assert verdict(family_table(clean)) is None
     stray = [rec("runtime", "step", "runtime", {"what": "sample_tokens"}, UncachedCompile=1)]
-    assert "bypassed the persistent cache" in verdict(family_table(stray), missed(stray))
+    assert "bypassed the persistent cache" in verdict(family_table(stray))
     miss = [rec("capture", "call", "backbone", BACKBONE, new=["r/n"], UncachedCompile=1)]
-    assert verdict(family_table(miss), missed(miss)) == "1 graph(s) missed the cache in: backbone"
+    assert verdict(family_table(miss)) == "1 graph(s) missed the cache in: backbone"
 
 
 def test_runner_rejects_a_bad_request_with_exit_2(tmp_path):

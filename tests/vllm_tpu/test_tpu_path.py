@@ -139,7 +139,7 @@ def test_tpu_worker_watches_vllms_per_rank_dir_mocked_tpu(tmp_path, monkeypatch)
     (tmp_path / "tp4_rank3" / "123").write_bytes(b"x")
     with worker.probe.window("call", "backbone", {"num_tokens": 16}):
         (tmp_path / "tp4_rank3" / "456").write_bytes(b"y")
-    assert worker.probe.records[-1].new == ["tp4_rank3/456"]
+    assert worker.probe.records[-1].written == ("tp4_rank3/456",)
 
 
 def test_cpu_twin_refuses_tensor_parallel(tmp_path):

@@ -14,7 +14,7 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
   compile-only devices as the process's JAX devices (every graph compiles for the TPU, nothing runs)
 * probe, instrument -- JAX cache evidence per precompile call and per runtime step
 * watcher       -- the serving guard's JAX compile counter (aotc/guard.py)
-* session, records, build, verify -- the two runner commands
+* session, build, verify -- the two runner commands (records: aotc/runners/records.py)
 
 Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
 """

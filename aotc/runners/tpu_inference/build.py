@@ -9,11 +9,12 @@ import time
 
 from aotc.entry import Entry
 from aotc.runners.flags import xla_flags
+from aotc.runners import records
 from aotc.runners.protocol import BuildResult, Graph, Request
+from aotc.runners.records import CALL, Record, touched
 
-from . import engine, records
+from . import engine
 from .buckets import implied_flags
-from .records import Record, touched
 from .session import RUNNER, Session, effective_flags
 
 GIB = 1 << 30
@@ -21,9 +22,16 @@ GIB = 1 << 30
 
 def precompile_calls(recs: list[Record]) -> list[Graph]:
     """Each `_run_compilation` call (and its warm-up pass), with the cache files it touched, in call order."""
-    return [Graph(family=r["family"], shape=r["shape"], keys=touched(r), compile_seconds=r["compile_seconds"],
-                  compiled=max(r["compiled"], key=lambda f: f.get("peak_memory_bytes", 0), default={}))
-            for r in recs if records.is_call(r)]
+    return [Graph(family=r.family, shape=r.shape, keys=touched(r), compile_seconds=r.compile_seconds,
+                  compiled=max(r.compiled, key=lambda f: f.get("peak_memory_bytes", 0), default={}))
+            for r in recs if r.kind == CALL]
+
+
+def graphs_outside_calls(recs: list[Record], family: str) -> list[Graph]:
+    """Startup or runtime windows that wrote cache files: graphs the plan does not list by shape."""
+    return [Graph(family=family, shape=r.shape or {"what": r.family}, keys=sorted(r.written),
+                  compile_seconds=r.compile_seconds)
+            for r in recs if r.kind != CALL and records.family_of(r) == family and r.written]
 
 
 def target_compiled_for(entry: Entry) -> dict | None:
@@ -74,7 +82,7 @@ def run_build(request: Request) -> BuildResult:
     capture = session.records()
     target = target_compiled_for(request.entry)
     result = BuildResult(calls=precompile_calls(capture),
-                         startup=records.graphs_outside_calls(capture, records.STARTUP),
+                         startup=graphs_outside_calls(capture, records.STARTUP),
                          engine_start_seconds=round(session.start_seconds, 3), xla_flags=effective_flags(),
                          target=target)
     if error := flag_error(launch_env, request.entry) or (target and over_hbm(result.calls, target)):
@@ -87,9 +95,9 @@ def run_build(request: Request) -> BuildResult:
         "traffic_requests": sent,
         "traffic_seconds": round(traffic_seconds, 3),
         # every cache file looked up and found, every one written: the core counts reuse from these
-        "cache_reads": sorted({k for r in recs for k in r["found"]}),
-        "cache_writes": sorted({k for r in recs for k in r["written"]}),
-        "runtime": [Graph.model_validate(g) for g in records.graphs_outside_calls(recs, records.RUNTIME)],
+        "cache_reads": sorted({k for r in recs for k in r.found}),
+        "cache_writes": sorted({k for r in recs for k in r.written}),
+        "runtime": graphs_outside_calls(recs, records.RUNTIME),
         "xla_compile_seconds": records.compile_seconds(recs),
-        "metrics": records.totals(records.family_table(recs, {})),
+        "metrics": records.totals(records.family_table(recs)),
     })

@@ -6,8 +6,9 @@ for (wrapping `compilation_cache.get_executable_and_time` / `put_executable_and_
 compiler looks up on that module at call time). In jax 0.11 a "cache miss" event is only recorded
 when an entry is written, so misses are counted as requests minus hits.
 
-A window is (phase, kind, family, shape); windows nest and evidence goes to the innermost one. The
-record format is plain data (records.py reads it) so build and verify share it.
+A window is (phase, kind, family, shape); windows nest and evidence goes to the innermost one. A ``Window``
+accumulates while it is open; ``snapshot`` gives each as the runners' shared ``Record`` (aotc/runners/records.py),
+which build and verify read.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import dataclasses
 import threading
 import time
 from typing import Any
+
+from aotc.runners.protocol import FamilyRow
+from aotc.runners.records import Record
 
 CACHE_SUFFIX = "-cache"  # jax._src.lru_cache: <key>-cache
 EVENTS = {
@@ -48,8 +52,20 @@ class Window:
     """The compiler's figures of each executable compiled for a TPU target (compile_only.memory_figures)."""
     seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def record(self) -> Record:
+        return Record(self.phase, self.kind, self.family, dict(self.shape), self.seconds, found=tuple(self.found),
+                      missing=tuple(self.missing), written=tuple(self.written), unloadable=tuple(self.unloadable),
+                      compile_seconds=self.compile_seconds, counts=self.counts(),
+                      compiled=tuple(dict(figures) for figures in self.compiled))
+
+    def counts(self) -> FamilyRow:
+        """An entry found is loaded (a hit: JAX deserializes every entry it loads) or not loadable here (JAX then
+        compiles and writes the same key again); JAX's backend-compile event counts hits too."""
+        found = self.hits + len(self.unloadable)
+        return FamilyRow(requests=self.requests, found=found, loads=self.hits, misses=self.requests - found,
+                         writes=self.writes, compiles=self.backend_compiles - self.hits,
+                         uncached_compiles=self.backend_compiles - self.requests,
+                         deserialize_failures=self.deserialize_failures)
 
     @property
     def empty(self) -> bool:
@@ -89,10 +105,10 @@ class Probe:
             self.phase = phase
             self._stack[0] = Window(phase, "phase", phase, {})
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[Record]:
         with self._lock:
             pending = [self._stack[0]] if not self._stack[0].empty else []
-            return [w.as_dict() for w in [*self.records, *pending]]
+            return [w.record() for w in [*self.records, *pending]]
 
     def current(self) -> Window:
         with self._lock:

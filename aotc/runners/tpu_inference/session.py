@@ -10,6 +10,7 @@ from aotc.entry import Entry, hf_config
 from aotc.runners import traffic
 from aotc.runners.flags import xla_flags
 from aotc.runners.multimodal import with_images
+from aotc.runners.records import Record
 
 from . import beyond_warmup, buckets, compile_only, engine, instrument, twin_plugin
 from .probe import Probe
@@ -54,7 +55,7 @@ class Session:
     def drive_traffic(self, seed: int, requests: int) -> int:
         return 0 if self.compile_only else drive_traffic(self.llm, self.entry, seed, requests)
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[Record]:
         return self.probe.snapshot()
 
 

@@ -6,31 +6,31 @@ The core judges the calls against the plan (aotc/build.py: plan_coverage); this 
 from __future__ import annotations
 
 from aotc.runners.protocol import BuildResult, Graph, Request
+from aotc.runners.records import CALL, CAPTURE, OUTSIDE, Record, compile_seconds, touched
 
 from . import engine, records, traffic
-from .records import Record, touched
 
 
 def capture_calls(recs: list[Record]) -> list[Graph]:
     """Each graph call capture_model made, with the cache files it wrote, in call order."""
-    return [Graph(family=r["family"], shape=r["shape"], keys=touched(r), compile_seconds=records.compile_seconds([r]))
-            for r in recs if r["phase"] == "capture" and r["kind"] == "call"]
+    return [Graph(family=r.family, shape=r.shape, keys=touched(r), compile_seconds=compile_seconds([r]))
+            for r in recs if r.phase == CAPTURE and r.kind == CALL]
 
 
 def capture_outside(recs: list[Record]) -> list[Graph]:
     """Cache files capture_model wrote outside any graph call (a family's own code, the phase itself)."""
-    return [Graph(family=r["family"], shape=records.display_shape(r), keys=touched(r))
-            for r in recs if r["phase"] == "capture" and r["kind"] != "call" and touched(r)]
+    return [Graph(family=r.family, shape=records.display_shape(r), keys=touched(r))
+            for r in recs if r.phase == CAPTURE and r.kind != CALL and touched(r)]
 
 
 def run_build(request: Request) -> BuildResult:
     entry = request.entry
     llm, start_seconds = engine.start_engine(entry, request.cache_dir, request.seed)
-    capture_records, _ = engine.worker_records(llm)
+    capture_records, _ = records.worker_records(llm)
     batches = traffic.plan_traffic(request.seed, request.traffic, entry, llm)
     sent = traffic.run_traffic(llm, batches)
-    recs, counters = engine.worker_records(llm)
-    outside = [r for r in recs if r["kind"] == "outside" and touched(r)]
+    recs, counters = records.worker_records(llm)
+    outside = [r for r in recs if r.kind == OUTSIDE and touched(r)]
     return BuildResult(
         calls=capture_calls(capture_records),
         capture_outside=capture_outside(capture_records),

@@ -26,6 +26,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from aotc.runners.protocol import FamilyRow
+from aotc.runners.records import OUTSIDE, UNATTRIBUTED, Record
+
 DESERIALIZE_MARKER = b"Failed to deserialize"
 STDERR_LOG_ENV = "AOTC_STDERR_LOG"
 # The dynamo bridge re-adds these two itself after its reset; banking them
@@ -117,19 +120,18 @@ class StderrLog:
         return self._count
 
 
-@dataclasses.dataclass
-class Record:
-    phase: str  # startup | capture | runtime
-    kind: str  # phase | family | call | step
-    family: str
-    shape: dict[str, Any]
-    new: list[str]
-    rewritten: list[str]
-    stats: dict[str, float]
-    seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+def window_record(phase: str, kind: str, family: str, shape: dict[str, Any], new: list[str], rewritten: list[str],
+                  stats: dict[str, float], seconds: float) -> Record:
+    """A window's evidence as the runners' shared Record: a new file is a graph compiled that the cache lacked; a
+    rewritten one was found and failed to load (torch_xla erased it and wrote it again)."""
+    loads = int(stats.get("PersistentCacheHit", 0))
+    counts = FamilyRow(new_files=len(new), misses=len(new), rewritten_files=len(rewritten), loads=loads,
+                       found=len(rewritten) + loads,
+                       deserialize_failures=int(stats.get("PersistentCacheDeserializeFailure", 0)),
+                       compiles=int(stats.get("UncachedCompile", 0)))
+    return Record(phase, kind, family, shape, seconds, found=tuple(rewritten), written=tuple(new),
+                  unloadable=tuple(rewritten), compile_seconds=stats.get("CompileSeconds", 0.0), counts=counts,
+                  counters=stats)
 
 
 @dataclasses.dataclass
@@ -186,7 +188,7 @@ class Probe:
             for k, v in inclusive.items():
                 parent.child_stats[k] = parent.child_stats.get(k, 0) + v
         self.records.append(
-            Record(
+            window_record(
                 phase=self.phase,
                 kind=kind,
                 family=family,
@@ -200,8 +202,8 @@ class Probe:
 
     def unattributed(self) -> Record:
         """Files new or rewritten since the probe started that no window saw."""
-        seen_new = {k for r in self.records for k in r.new}
-        seen_rewritten = {k for r in self.records for k in r.rewritten}
+        seen_new = {k for r in self.records for k in r.written}
+        seen_rewritten = {k for r in self.records for k in r.unloadable}
         new, rewritten = diff(self.baseline, snapshot(self.root, self.subdir))
-        return Record(self.phase, "outside", "unattributed", {}, sorted(new - seen_new),
-                      sorted(rewritten - seen_rewritten - seen_new), {}, 0.0)
+        return window_record(self.phase, OUTSIDE, UNATTRIBUTED, {}, sorted(new - seen_new),
+                             sorted(rewritten - seen_rewritten - seen_new), {}, 0.0)
