@@ -26,7 +26,8 @@ DEMO ?= configs/demo.yaml configs/demo-jax.yaml
 # the slowest tests' times in every run's log (CI's too): where the suite's minutes go, measured where it ran
 PYTEST_ARGS ?= --durations=25
 # pytest-xdist workers; each test module stays on one worker (--dist loadscope), so a module's shared build is
-# built once. Most of the suite is one process waiting on another (an engine, a server), so two workers keep two
+# built once; modules with the most slow tests go first (tests/conftest.py: CostliestModulesFirst), so the run ends
+# on short ones. Most of the suite is one process waiting on another (an engine, a server), so two workers keep two
 # cores busy. 0: one process. How long the suite takes: docs/testing.md.
 TEST_WORKERS ?= 2
 
@@ -90,7 +91,7 @@ build-cache: env $(if $(shell grep -l 'runner: *tpu-inference' $(DEMO) 2>/dev/nu
 	@echo "fetch in a pod: aotc fetch --config <demo> --entry <name> --dest \$$VLLM_XLA_CACHE_PATH --store $(STORE)"
 
 test: env env-jax
-	$(BIN)/python -m pytest -m "" -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && echo "no tests ran" && exit 1; exit $$rc
+	$(BIN)/python -m pytest -m "" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && echo "no tests ran" && exit 1; exit $$rc
 
 # The core venv alone: tests that need the JAX venv are marked needs_jax (tests/conftest.py) and left out.
 test-fast: env

@@ -2,6 +2,7 @@ import fcntl
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,6 +99,32 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if in_needs_jax_dir(Path(item.path)):
             item.add_marker(pytest.mark.needs_jax)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(CostliestModulesFirst(), "aotc-costliest-modules-first")
+
+
+class CostliestModulesFirst:
+    """Modules in the order pytest-xdist hands them to the workers (`make test` passes --no-loadscope-reorder):
+    those with the most slow tests first, each still whole. A worker asks for the next module when it is almost
+    through its own, so the run ends on short modules and neither worker waits long at the end for the other's
+    last engine. (xdist's own order, most tests first, put the few-test modules that each build an entry or start
+    a server last.) A module's tests keep their order."""
+
+    @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests of each module-scoped fixture parameter
+    def pytest_collection_modifyitems(self, items):
+        slow: Counter[str] = Counter()
+        tests: Counter[str] = Counter()
+        for item in items:
+            tests[module_of(item)] += 1
+            slow[module_of(item)] += item.get_closest_marker("slow") is not None
+        rank = {module: n for n, module in enumerate(sorted(tests, key=lambda m: (-slow[m], -tests[m])))}
+        items.sort(key=lambda item: rank[module_of(item)])
+
+
+def module_of(item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 def pytest_ignore_collect(collection_path, config):
