@@ -122,9 +122,10 @@ class RunnerSpec(ABC):
     """A ``device: tpu`` entry builds on a host with no TPU: the stack compiles every graph for the entry's TPU
     topology through the TPU compiler (compile-only devices) and its KV sizing runs against that TPU's HBM.
     Such an artifact's keys are proven in a fresh process; that a TPU loads it, only a TPU can show."""
-    twin_modules: tuple[str, ...] = ()
-    """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
-    its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
+    twin_package: str | None = None
+    """The package of the runner's CPU twin, whose code enters the compiled graphs of ``device: cpu`` entries
+    (e.g. its stand-in attention): the fingerprint hashes every module of it, so a changed twin never reuses
+    stale graphs and a module added to it cannot be left out of the hash. None: the runner has no twin."""
 
     # -- plan side ---------------------------------------------------------------------------------------------
     @property

@@ -545,7 +545,7 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
 JAX_DEEPSEEK_FACTS = """
 import inspect, json, sys
 from tpu_inference.models.jax import deepseek_v3
-from aotc.runners.tpu_inference.twin_deepseek import config_sizes
+from aotc.runners.tpu_inference.twin.deepseek import config_sizes
 constants = json.loads(sys.argv[1])
 v3_config = {key: value for key, value in json.loads(sys.argv[2])}
 print(json.dumps({"constants": {name: getattr(deepseek_v3, name) for name in constants},

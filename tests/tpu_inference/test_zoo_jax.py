@@ -1,5 +1,5 @@
 """The model zoo end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml (dense
-Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin_moe where
+Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin.moe where
 the model takes tpu-inference's GMM backend; DeepSeek V3, JAX-native and through vLLM's model, on the MLA
 kernel's twin; the hybrid Qwen3-Next on the GDN kernel's twin, with and without prefix caching) builds
 every planned graph, a fresh process replays it with zero misses, and for one model of each MoE path and for

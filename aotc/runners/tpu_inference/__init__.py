@@ -6,8 +6,8 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 
 * buckets       -- tpu-inference's paddings and precompile loops as a plan (no JAX; the core imports it)
 * twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_JAX_CPU_TWIN=1
-* twin, twin_attention, twin_moe, twin_deepseek -- the CPU twin's patches, its jittable ragged paged and MLA
-  attention, its MoE grouped matmul, the JAX DeepSeek V3 at its config's sizes
+* twin/         -- the CPU twin: its patches, its jittable ragged paged and MLA attention, its MoE grouped matmul,
+  its GDN kernel, the JAX DeepSeek V3 at its config's sizes
 * serving_fixes, dummy_weights -- what the plugin mends in the stack wherever it is installed
 * engine        -- entry -> environment + vllm.LLM arguments (every graph persisted)
 * topology, compile_only -- a TPU target on a host without one: the accelerator's libtpu topology, and its
@@ -91,7 +91,5 @@ SPEC = TpuInferenceRunner(
                                              "(TPUModelRunner._execute_model), which kills the server"},
     cache_loads=True,
     tpu_targets_on_cpu_host=True,
-    twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
-                  "aotc.runners.tpu_inference.twin_moe", "aotc.runners.tpu_inference.twin_deepseek",
-                  "aotc.runners.tpu_inference.twin_gdn"),
+    twin_package="aotc.runners.tpu_inference.twin",
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 ENV_FLAG = "AOTC_CPU_TWIN"
-PLATFORM_QUALNAME = "aotc.runners.vllm_tpu.twin_platform.CpuTwinTpuPlatform"
+PLATFORM_QUALNAME = "aotc.runners.vllm_tpu.twin.platform.CpuTwinTpuPlatform"
 
 
 def register() -> str | None:
