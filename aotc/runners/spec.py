@@ -69,7 +69,7 @@ class Planner(ABC):
 
     def serving_fixes(self, entry: Entry, hf_config: dict | None) -> tuple[str, ...]:
         """Modules the runner's plugin installs in every serving process (a pod's too) that change which graphs a
-        server of this entry compiles (e.g. aotc/runners/tpu_inference/serving_fixes.py): the fingerprint hashes
+        server of this entry compiles (e.g. aotc/runners/tpu_inference/serving_fixes/): the fingerprint hashes
         their code, so an artifact is never served under other fixes. () for none."""
         return ()
 

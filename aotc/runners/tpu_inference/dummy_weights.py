@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from .serving_fixes import attribute_set
+from .serving_fixes.common import attribute_set
 
 MODEL_LOADER = "tpu_inference.models.common.model_loader"
 WEIGHT_UTILS = "tpu_inference.models.jax.utils.weight_utils"

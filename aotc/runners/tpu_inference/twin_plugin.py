@@ -7,7 +7,7 @@ runner is imported. Standard library only until it acts. It does four things:
   import to one copy each (aotc/runners/flags.py), right after its `env_override` runs in this process, so
   `vllm serve` (API server + engine core) and an in-process `LLM(...)` hash the same XLA flags into JAX's
   cache keys. Nothing compiles before it: the engine core loads plugins before its executor starts.
-* always, wherever tpu-inference is installed: the serving fixes (aotc/runners/tpu_inference/serving_fixes.py),
+* always, wherever tpu-inference is installed: the serving fixes (aotc/runners/tpu_inference/serving_fixes/),
   which move per-request bookkeeping the stack runs as eager device ops to the host, so the build, verify
   and a pod compile the same graphs and a pod nothing per request.
 * always, wherever tpu-inference is installed: a dummy-weight engine's draft loads with dummy weights too
