@@ -5,7 +5,8 @@ JAX venv's interpreter (requirements/jax.lock; the core finds it through AOTC_PY
 Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of a fresh server is a hit.
 
 * buckets       -- tpu-inference's paddings and precompile loops as a plan (no JAX; the core imports it)
-* twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_JAX_CPU_TWIN=1
+* plugin        -- vLLM general-plugin hook, loaded in every process (a pod's too): collapses the stack's flags,
+  installs the serving fixes and the dummy-weight draft, and the twin's patches only under AOTC_JAX_CPU_TWIN=1
 * twin/         -- the CPU twin: its patches, its jittable ragged paged and MLA attention, its MoE grouped matmul,
   its GDN kernel, the JAX DeepSeek V3 at its config's sizes
 * serving_fixes, dummy_weights -- what the plugin mends in the stack wherever it is installed
@@ -16,7 +17,7 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 * watcher       -- the serving guard's JAX compile counter (aotc/guard.py)
 * session, records, build, verify -- the two runner commands
 
-Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
+Importing this package must not import JAX: vLLM loads `plugin` in every process.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `device: tpu` is vLLM-TPU's own start-up with VLLM_XLA_CACHE_PATH at the staging dir (tpu-inference
 points JAX's persistent compilation cache there); on a host with no TPU, aotc's own processes start it on
 the accelerator's compile-only devices (compile_only.py): the same graphs, compiled for that TPU, never run.
-`device: cpu` is the same on JAX's CPU backend with the twin plugin (twin_plugin.py), which vLLM only
+`device: cpu` is the same on JAX's CPU backend with the twin plugin (plugin.py), which vLLM only
 activates when AOTC_JAX_CPU_TWIN=1.
 Either way JAX's persistence thresholds are lowered so that *every* compiled graph is written: by
 default JAX keeps only graphs that took >= 1 s to compile, and a pod would compile the rest again.
@@ -20,7 +20,7 @@ from aotc.runners.engine_common import apply_env, llm_args
 from aotc.runners.engine_common import engine_args as common_engine_args
 from aotc.runners.multimodal import entry_is_multimodal, text_vocab_size
 
-from .twin_plugin import ENV_FLAG as TWIN_FLAG
+from .plugin import ENV_FLAG as TWIN_FLAG
 
 # Read by jax.config at import (JAX_<OPTION>), so they hold in every process vLLM starts.
 PERSIST_EVERYTHING = {
@@ -100,7 +100,7 @@ def data_parallel_env(entry: Entry) -> dict[str, str]:
 def runtime_env(entry: Entry, cache_dir: str, environ=None) -> dict[str, str | None]:
     """Variables to set (None = unset) before vLLM is imported, for aotc's in-process build and verify:
     the pod's settings. The flags tpu-inference prepends at import need nothing here: the twin plugin
-    collapses them to one copy in this process as in each of a server's (twin_plugin.py)."""
+    collapses them to one copy in this process as in each of a server's (plugin.py)."""
     environ = os.environ if environ is None else environ
     env = serving_env(entry, cache_dir, environ)
     if compile_only_target(entry):

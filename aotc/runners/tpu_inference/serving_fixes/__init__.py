@@ -4,7 +4,7 @@ A server compiles mid-serving whenever a request's bookkeeping runs as eager JAX
 op is an XLA program keyed by its shapes, and those shapes follow the prompt or the batch, so no warm-up or
 artifact can hold them all. These fixes keep every jitted graph of the stack as it is and move such
 bookkeeping to the host or into jitted functions whose shapes are few and planned. The tpu-inference plugin
-(twin_plugin.register) installs them in every process where aotc sits next to tpu-inference: the build,
+(plugin.register) installs them in every process where aotc sits next to tpu-inference: the build,
 verify and the serving pod alike, so the artifact holds what the pod compiles. Each is held equal to the code
 it replaces by tests/tpu_inference/test_serving_fixes_jax.py.
 

@@ -1,4 +1,5 @@
-"""vLLM general-plugin entry point (group `vllm.general_plugins`) of the tpu-inference runner.
+"""vLLM general-plugin entry point (group `vllm.general_plugins`, name `aotc_jax_cpu_twin`: the name a pod's
+VLLM_PLUGINS allow-list matches, kept from when the module served the twin alone) of the tpu-inference runner.
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), before the model
 runner is imported. Standard library only until it acts. It does four things:
