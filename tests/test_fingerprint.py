@@ -258,7 +258,7 @@ def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     code is in that entry's fingerprint, and in no local text model's, whose graphs they leave alone."""
     from aotc.fingerprint import code_digest
     from aotc.matrix import load_matrix
-    from aotc.runners.tpu_inference.buckets import SERVING_FIXES
+    from aotc.runners.tpu_inference.plan.buckets import SERVING_FIXES
 
     multimodal, *_ = load_matrix(CONFIGS / "multimodal-jax.yaml").entries
     [text] = load_matrix(CONFIGS / "demo-jax.yaml").entries

@@ -25,8 +25,8 @@ from aotc.graphs import GraphSpec
 from aotc.entry import hf_config
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.tpu_inference import buckets, gemma4_vision, llama_guard_4, qwen3_vl
-from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
+from aotc.runners.tpu_inference.plan import buckets, gemma4_vision, llama_guard_4, qwen3_vl
+from aotc.runners.tpu_inference.plan.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 from tests.support_cases import MULTIMODAL_JAX_WITHOUT_CANARY
 

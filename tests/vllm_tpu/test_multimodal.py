@@ -22,7 +22,7 @@ import vllm  # noqa: F401
 from aotc.errors import MatrixError
 from aotc.matrix import load_matrix, parse_matrix
 from aotc.plan import plan_entry
-from aotc.runners.vllm_tpu import buckets
+from aotc.runners.vllm_tpu.plan import buckets
 from aotc.runners.vllm_tpu.twin import attention as twin_attention
 
 from ..conftest import CONFIGS, run_aotc

@@ -5,7 +5,7 @@ limit; with speculative decoding, the bonus-token sampler, the rejection sampler
 step's packed host inputs (SPECULATIVE); for a vision-language model, what a step with image embeddings runs
 under aotc's serving fixes (MULTIMODAL_STEP).
 
-The plan names them (`GraphSpec.beyond_warmup`, aotc/runners/tpu_inference/buckets.py); this module only
+The plan names them (`GraphSpec.beyond_warmup`, aotc/runners/tpu_inference/plan/buckets.py); this module only
 executes what the request's plan lists. Imports JAX: runner-side only.
 """
 
@@ -95,7 +95,7 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
 def _images_of(runner):
     """The encoder outputs of the runner's architecture, by the plan's shapes."""
     from aotc.runners import llava
-    from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
+    from aotc.runners.tpu_inference.plan import gemma4_vision, llama_guard_4
 
     architectures = runner.model_config.hf_config.architectures or []
     if gemma4_vision.ARCHITECTURE in architectures:
@@ -165,7 +165,7 @@ class _LlamaGuard4Images:
     (bfloat16 NCHW pixels, the count in patches_per_image), tokens_per_tile rows a tile out."""
 
     def __init__(self, runner):
-        from aotc.runners.tpu_inference.llama_guard_4 import tokens_per_tile
+        from aotc.runners.tpu_inference.plan.llama_guard_4 import tokens_per_tile
 
         self.runner, self.vision, self.encoded = runner, runner.model_config.hf_config.vision_config, {}
         self.per_tile = tokens_per_tile(runner.model_config.hf_config.to_dict())

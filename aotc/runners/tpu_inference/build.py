@@ -12,7 +12,7 @@ from aotc.runners.flags import xla_flags
 from aotc.runners.protocol import BuildResult, Graph, Request
 
 from . import engine, records
-from .buckets import implied_flags
+from .plan.buckets import implied_flags
 from .records import Record, touched
 from .session import RUNNER, Session, effective_flags
 

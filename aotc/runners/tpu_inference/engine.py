@@ -83,7 +83,7 @@ def compile_only_target(entry: Entry):
 
 def lora_env(entry: Entry) -> dict[str, str]:
     """The model implementation LoRA needs (buckets.implied_env), for the build and the stock server."""
-    from .buckets import implied_env
+    from .plan.buckets import implied_env
 
     return implied_env(entry)
 
@@ -92,7 +92,7 @@ def data_parallel_env(entry: Entry) -> dict[str, str]:
     """`vllm serve --data-parallel-size N` would start one engine process per rank, each with a one-rank mesh
     (tpu-inference's multi-process DP, on by default for the server only); the plan, the build and the pod run
     tpu-inference's single-process SPMD data parallelism, whose graphs span all ranks."""
-    from .buckets import data_parallel_size
+    from .plan.buckets import data_parallel_size
 
     return {"TPU_MULTIPROCESS_DP": "0"} if data_parallel_size(entry) > 1 else {}
 
@@ -118,7 +118,7 @@ def runtime_env(entry: Entry, cache_dir: str, environ=None) -> dict[str, str | N
 def twin_device_flags(entry: Entry, environ=None) -> dict[str, str]:
     """XLA_FLAGS with the twin's virtual devices for a tp > 1 entry (buckets.implied_flags), kept first so
     the launch's own flags still follow; read when JAX's CPU client starts, after this is set."""
-    from .buckets import implied_flags
+    from .plan.buckets import implied_flags
 
     current = (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
     added = [f for f in implied_flags(entry).get("XLA_FLAGS", ()) if f not in current]

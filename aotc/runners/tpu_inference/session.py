@@ -11,7 +11,8 @@ from aotc.runners import traffic
 from aotc.runners.flags import xla_flags
 from aotc.runners.multimodal import with_images
 
-from . import beyond_warmup, buckets, compile_only, engine, instrument, plugin
+from . import beyond_warmup, compile_only, engine, instrument, plugin
+from .plan import buckets
 from .probe import Probe
 
 RUNNER = "tpu-inference"

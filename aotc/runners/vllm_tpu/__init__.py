@@ -3,7 +3,7 @@
 Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT.json`
 (one process per entry). Modules, heaviest last:
 
-* buckets       -- vLLM's paddings and capture_model loops as a plan, and its entry rules (no torch)
+* plan/         -- vLLM's paddings and capture_model loops as a plan, and its entry rules (no torch)
 * doctor        -- `aotc doctor`'s torch_xla loadability probe
 * records       -- worker records -> families/shapes (no torch)
 * engine        -- entry -> environment + vllm.LLM arguments
@@ -39,12 +39,12 @@ class VllmTpuRunner(SizedByStack, RunnerSpec):
     @property
     def planner(self) -> Planner:
         # imported on first use: vLLM imports this package in every process
-        from aotc.runners.vllm_tpu.buckets import PLANNER
+        from aotc.runners.vllm_tpu.plan.buckets import PLANNER
 
         return PLANNER
 
     def validate(self, entry: Entry, hf_config: dict | None) -> list[str]:
-        from aotc.runners.vllm_tpu.rules import validate
+        from aotc.runners.vllm_tpu.plan.rules import validate
 
         return validate(entry, hf_config)
 

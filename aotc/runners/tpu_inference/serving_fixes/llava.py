@@ -21,7 +21,7 @@ import functools
 from .common import WholeEncoderOutput, attribute_set, wrap_once
 from .qwen3_vl import JITTED_TORCHAX_MERGES_ONLY, no_deepstack_rows_kept
 
-# vLLM models on the torchax path whose tower the fixes jit (planned by aotc/runners/tpu_inference/buckets.py)
+# vLLM models on the torchax path whose tower the fixes jit (planned by aotc/runners/tpu_inference/plan/buckets.py)
 JITTED_TORCHAX_TOWERS = frozenset({"LlavaForConditionalGeneration"})
 # set False on an embed_input_ids_fn whose merge needs gather_mm_embeddings' own pieces (step_embeddings)
 TAKES_ONE_BUFFER = "_aotc_takes_one_buffer"

@@ -14,7 +14,7 @@ import contextlib
 
 from .common import WholeEncoderOutput, wrap_once
 
-# the architectures whose merge alone the fixes jit (aotc/runners/tpu_inference/qwen3_vl.py's ARCHITECTURES: their
+# the architectures whose merge alone the fixes jit (aotc/runners/tpu_inference/plan/qwen3_vl.py's ARCHITECTURES: their
 # tower runs through the stack's MMEncoderJITManager)
 JITTED_TORCHAX_MERGES_ONLY = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                                        "Cosmos3ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",

@@ -4,7 +4,7 @@ plus tpu-inference's TpuPlatform's. Held against their code by tests/tpu_inferen
 from __future__ import annotations
 
 from aotc.runners import vllm_rules
-from aotc.runners.tpu_inference.buckets import DRAFTER_METHODS, additional_config, plan_problems, speculative_config
+from aotc.runners.tpu_inference.plan.buckets import DRAFTER_METHODS, additional_config, plan_problems, speculative_config
 
 # tpu_inference.platforms.tpu_platform.TpuPlatform.supported_quantization
 QUANTIZATIONS = ("compressed-tensors", "auto_awq", "fp8", "gpt_oss_mxfp4", "modelopt_fp4", "deepseek_v4_fp8",

@@ -24,7 +24,7 @@ from aotc.runners import llava
 from aotc.runners.multimodal import image_step_graphs, is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
 from aotc.runners.spec import Planner
-from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4, qwen3_vl
+from aotc.runners.tpu_inference.plan import gemma4_vision, llama_guard_4, qwen3_vl
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
