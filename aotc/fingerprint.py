@@ -45,16 +45,30 @@ def digest_of(inputs: dict[str, Any]) -> str:
 
 
 def code_digest(modules: tuple[str, ...]) -> str:
-    """sha256 over the modules' source files, found by path and never imported (a twin module imports its
-    stack). The bytes, not a parse: the guard and the runner compute this under other Python versions."""
-    lines = (f"{name} {sha256_file(importlib.util.find_spec(name).origin)[0]}\n" for name in modules)
+    """sha256 over the modules' source files (a package's: every module in it), found by path and never
+    imported (a twin module imports its stack). The bytes, not a parse: the guard and the runner compute this
+    under other Python versions."""
+    lines = (f"{name} {sha256_file(path)[0]}\n" for module in modules for name, path in source_files(module))
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
+def source_files(module: str) -> list[tuple[str, str]]:
+    """(module name, source path) of a module, or of each module of a package (its subpackages' too), by name."""
+    spec = importlib.util.find_spec(module)
+    if spec.submodule_search_locations is None:
+        return [(module, spec.origin)]
+    root = Path(spec.origin).parent
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        files.append((".".join((module, *(parts[:-1] if parts[-1] == "__init__" else parts))), str(path)))
+    return files
+
+
 def twin_digest(entry: Entry) -> str | None:
-    """The CPU twin's code in the entry's graphs (``RunnerSpec.twin_modules``); None off the twin."""
-    modules = entry.backend.twin_modules
-    return code_digest(modules) if entry.device == "cpu" and modules else None
+    """The CPU twin's code in the entry's graphs (``RunnerSpec.twin_package``); None off the twin."""
+    package = entry.backend.twin_package
+    return code_digest((package,)) if entry.device == "cpu" and package else None
 
 
 def local_model_inputs(name: str, model_dir: Path) -> dict[str, Any]:

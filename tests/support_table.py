@@ -153,10 +153,10 @@ def served_count(backend: str) -> tuple[int, int]:
 
 
 def refusal(entry: Entry) -> str | None:
-    """Why vllm-tpu's plan refuses this tpu-inference entry, by its own rules (aotc/runners/vllm_tpu/rules.py,
+    """Why vllm-tpu's plan refuses this tpu-inference entry, by its own rules (aotc/runners/vllm_tpu/plan/rules.py,
     which tests/vllm_tpu/test_matrix_rules.py, tests/test_lora.py and tests/vllm_tpu/test_multimodal.py hold to vLLM
     0.13's code), its first reason up to the detail in parentheses; None when they refuse nothing."""
-    from aotc.runners.vllm_tpu import rules
+    from aotc.runners.vllm_tpu.plan import rules
 
     there = dataclasses.replace(entry, runner="vllm-tpu", env={})  # the env variables are tpu-inference's
     reasons = rules.validate(there, hf_config(there))

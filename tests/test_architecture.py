@@ -209,3 +209,27 @@ def test_a_backend_must_give_a_planner_and_its_two_required_rules():
         NoPlanner(name="x", module="x", packages=())
     with pytest.raises(TypeError, match="bucket_summary"):
         NoSummary()
+
+
+def top_level_names(path: Path) -> set[str]:
+    body = ast.parse(path.read_text()).body
+    return ({node.name for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+            | {target.id for node in body if isinstance(node, (ast.Assign, ast.AnnAssign))
+               for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+               if isinstance(target, ast.Name)})
+
+
+def test_every_entry_point_names_what_its_module_defines():
+    """pyproject.toml's entry points (vLLM's plugins, the runners, the CLI) follow a module that moves: each value
+    names a module of aotc/ defining that attribute. vLLM loads the plugins by these values in every process, a
+    pod's too, and logs a plugin it cannot import instead of failing."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+    found = modules()
+    for group, points in groups.items():
+        for name, value in points.items():
+            module, _, attribute = value.partition(":")
+            assert module in found, f"[{group}] {name} = {value}: no module {module} in aotc/"
+            assert attribute in top_level_names(found[module]), f"[{group}] {name} = {value}: {module} has no {attribute}"

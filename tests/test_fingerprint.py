@@ -233,8 +233,23 @@ def test_twin_code_is_an_input_of_cpu_entries_only(tmp_path, monkeypatch):
     assert digests[0] == digests[1] != digests[2]
 
     cpu = dataclasses.replace(BASE, device="cpu")
-    assert len(fingerprint_entry(cpu, ENV).inputs["twin"]) == 64
+    assert fingerprint_entry(cpu, ENV).inputs["twin"] == code_digest((BASE.backend.twin_package,))
     assert "twin" not in fingerprint_entry(BASE, ENV).inputs
+
+
+def test_a_module_added_to_the_twin_package_enters_the_twin_digest(tmp_path, monkeypatch):
+    """The twin is hashed as its package: a new stand-in module changes the digest without being listed anywhere
+    (a list of module names could leave one out, and a twin artifact would match graphs built without it)."""
+    from aotc.fingerprint import code_digest
+
+    package = tmp_path / "new_twin"
+    package.mkdir()
+    (package / "__init__.py").write_text("def install():\n    pass\n")
+    (package / "attention.py").write_text("def f(x):\n    return x * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_digest(("new_twin",))
+    (package / "moe.py").write_text("def g(x):\n    return x\n")
+    assert code_digest(("new_twin",)) != before
 
 
 @pytest.mark.needs_jax
@@ -243,7 +258,7 @@ def test_serving_fixes_are_an_input_of_the_entries_whose_graphs_they_change():
     code is in that entry's fingerprint, and in no local text model's, whose graphs they leave alone."""
     from aotc.fingerprint import code_digest
     from aotc.matrix import load_matrix
-    from aotc.runners.tpu_inference.buckets import SERVING_FIXES
+    from aotc.runners.tpu_inference.plan.buckets import SERVING_FIXES
 
     multimodal, *_ = load_matrix(CONFIGS / "multimodal-jax.yaml").entries
     [text] = load_matrix(CONFIGS / "demo-jax.yaml").entries

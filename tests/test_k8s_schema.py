@@ -322,7 +322,7 @@ def test_the_cpu_pool_job_shards_cover_the_matrix():
 def test_every_entry_of_the_cpu_pool_matrix_builds_without_a_tpu():
     """device tpu, the runner that compiles for a TPU without one, a single-host slice (a multi-host one is refused
     on a host without a TPU), and a JAX-native model (the torchax path is refused there)."""
-    from aotc.runners.tpu_inference.rules import resolved_implementation
+    from aotc.runners.tpu_inference.plan.rules import resolved_implementation
     from aotc.runners.tpu_inference.topology import topology_for
 
     matrix, _ = cpu_pool_matrix()

@@ -14,8 +14,8 @@ from aotc.fingerprint import fingerprint_inputs
 from aotc.matrix import parse_matrix
 from aotc.runners import traffic
 from aotc.runners.lora import projection_shapes, write_adapter
-from aotc.runners.tpu_inference.buckets import paddings
-from aotc.runners.vllm_tpu import rules
+from aotc.runners.tpu_inference.plan.buckets import paddings
+from aotc.runners.vllm_tpu.plan import rules
 from aotc.server import serve_command
 
 from .conftest import CONFIGS, run_aotc

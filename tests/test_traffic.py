@@ -6,7 +6,7 @@ import random
 
 from aotc.matrix import Entry
 from aotc.runners import traffic
-from aotc.runners.tpu_inference.buckets import paddings
+from aotc.runners.tpu_inference.plan.buckets import paddings
 
 VOCAB = 1000
 

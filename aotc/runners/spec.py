@@ -70,7 +70,7 @@ class Planner(ABC):
 
     def serving_fixes(self, entry: Entry, hf_config: dict | None) -> tuple[str, ...]:
         """Modules the runner's plugin installs in every serving process (a pod's too) that change which graphs a
-        server of this entry compiles (e.g. aotc/runners/tpu_inference/serving_fixes.py): the fingerprint hashes
+        server of this entry compiles (e.g. aotc/runners/tpu_inference/serving_fixes/): the fingerprint hashes
         their code, so an artifact is never served under other fixes. () for none."""
         return ()
 
@@ -124,9 +124,10 @@ class RunnerSpec(ABC):
     """A ``device: tpu`` entry builds on a host with no TPU: the stack compiles every graph for the entry's TPU
     topology through the TPU compiler (compile-only devices) and its KV sizing runs against that TPU's HBM.
     Such an artifact's keys are proven in a fresh process; that a TPU loads it, only a TPU can show."""
-    twin_modules: tuple[str, ...] = ()
-    """Modules of the runner's CPU twin whose code enters the compiled graphs of ``device: cpu`` entries (e.g.
-    its stand-in attention): the fingerprint hashes their code, so a changed twin never reuses stale graphs."""
+    twin_package: str | None = None
+    """The package of the runner's CPU twin, whose code enters the compiled graphs of ``device: cpu`` entries
+    (e.g. its stand-in attention): the fingerprint hashes every module of it, so a changed twin never reuses
+    stale graphs and a module added to it cannot be left out of the hash. None: the runner has no twin."""
 
     # -- plan side ---------------------------------------------------------------------------------------------
     @property

@@ -36,7 +36,7 @@ def jax_env() -> dict[str, str]:
     if not python.is_file():
         pytest.fail(f"the JAX venv is missing ({python} does not exist): run `make env-jax`, or set {PYTHON_ENV} "
                     "to a Python 3.12 with requirements/jax.lock and aotc installed", pytrace=False)
-    probe = subprocess.run([str(python), "-c", "import aotc.runners.tpu_inference.twin_plugin, tpu_inference"],
+    probe = subprocess.run([str(python), "-c", "import aotc.runners.tpu_inference.plugin, tpu_inference"],
                            capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu",
                                                                                "TPU_ACCELERATOR_TYPE": "v6e-1",
                                                                                "TPU_NAME": "t", "TPU_WORKER_ID": "0"})

@@ -15,10 +15,10 @@ import sys
 payload = json.load(sys.stdin)
 os.environ.update(payload["environ"])
 if payload["order"] == "hook":
-    from aotc.runners.tpu_inference import twin_plugin
+    from aotc.runners.tpu_inference import plugin
 
     prepended = "tpu_inference.env_override" in sys.modules
-    twin_plugin.register()
+    plugin.register()
     import tpu_inference  # noqa: F401  (its env_override prepends the stack's flags)
 else:
     import tpu_inference  # noqa: F401

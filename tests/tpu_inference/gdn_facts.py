@@ -18,7 +18,7 @@ twin.install()
 from tpu_inference.layers.common.attention_backend import GDNLinearAttentionBackend  # noqa: E402
 from tpu_inference.layers.common.gdn_attention import run_jax_gdn_attention  # noqa: E402
 
-from aotc.runners.tpu_inference import twin_gdn  # noqa: E402
+from aotc.runners.tpu_inference.twin import gdn as twin_gdn  # noqa: E402
 
 N_KQ, N_V, D_K, D_V, KERNEL = 2, 4, 8, 8, 4
 DIM = 2 * N_KQ * D_K + N_V * D_V

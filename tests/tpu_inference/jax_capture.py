@@ -33,7 +33,7 @@ from tpu_inference.runner.compilation_manager import CompilationManager, _descri
 from tpu_inference.runner.tpu_runner import TPUModelRunner  # noqa: E402
 
 from aotc.runners.tpu_inference.instrument import call_signature  # noqa: E402
-from aotc.runners.tpu_inference.qwen3_vl import ARCHITECTURES as QWEN3_VL_ARCHITECTURES  # noqa: E402
+from aotc.runners.tpu_inference.plan.qwen3_vl import ARCHITECTURES as QWEN3_VL_ARCHITECTURES  # noqa: E402
 
 HIDDEN, VOCAB = 64, 256
 MROPE_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", *sorted(QWEN3_VL_ARCHITECTURES))

@@ -73,7 +73,7 @@ def attention_error(hd64: bool = False) -> float:
     import numpy as np
     from tpu_inference.kernels.ragged_paged_attention.v3 import kernel, kernel_hd64
 
-    from aotc.runners.tpu_inference import twin_attention
+    from aotc.runners.tpu_inference.twin import attention as twin_attention
 
     rng = np.random.default_rng(0)
     tokens, q_heads, kv_heads, dim, page, pages_per_seq, seqs, pages = 32, 4, 2, 64 if hd64 else 16, 16, 4, 8, 40
@@ -104,7 +104,7 @@ def mla_attention_error() -> float:
     from tpu_inference.kernels.mla.v1.kernel import ref_mla_ragged_paged_attention
     from tpu_inference.kernels.mla.v2.kernel import get_kv_cache_shape
 
-    from aotc.runners.tpu_inference import twin_attention
+    from aotc.runners.tpu_inference.twin import attention as twin_attention
 
     rng = np.random.default_rng(1)
     tokens, heads, lkv, rope, page, pages_per_seq, seqs, pages = 32, 4, 32, 16, 16, 4, 8, 40

@@ -1,4 +1,4 @@
-"""Under the JAX venv: each serving fix (aotc/runners/tpu_inference/serving_fixes.py) against the tpu-inference
+"""Under the JAX venv: each serving fix (aotc/runners/tpu_inference/serving_fixes/) against the tpu-inference
 code it replaces, over random inputs: Qwen2.5-VL's M-RoPE positions (prompts of text, images and videos), its
 image encoder inputs (encoder batches of one to four images), and MultiModalManager.gather_mm_embeddings with
 the embedding padding after it (steps of random prefill chunks through prompts with images), and with dynamic
@@ -29,6 +29,15 @@ from transformers import AutoConfig
 from vllm.multimodal.inputs import (MultiModalFeatureSpec, MultiModalFieldElem, MultiModalKwargsItem,
                                     MultiModalSharedField, PlaceholderRange)
 
+from aotc.runners.tpu_inference import serving_fixes
+from aotc.runners.tpu_inference.serving_fixes import common as common_fix
+from aotc.runners.tpu_inference.serving_fixes import gemma4 as gemma4_fix
+from aotc.runners.tpu_inference.serving_fixes import llama_guard_4 as llama_guard_4_fix
+from aotc.runners.tpu_inference.serving_fixes import llava as llava_fix
+from aotc.runners.tpu_inference.serving_fixes import qwen2_5_vl as qwen2_5_vl_fix
+from aotc.runners.tpu_inference.serving_fixes import qwen3_vl as qwen3_vl_fix
+from aotc.runners.tpu_inference.serving_fixes import step_embeddings as step_embeddings_fix
+
 MERGE, WIDTH = 2, 8
 
 
@@ -55,12 +64,12 @@ def random_prompt(rng: random.Random, config) -> tuple[list[int], list]:
     return tokens or [1], features
 
 
-def check_mrope(rng, config, cases, fixes, stack) -> tuple[list, set]:
+def check_mrope(rng, config, cases, stack) -> tuple[list, set]:
     model, mismatches, types = SimpleNamespace(config=config), [], set()
     for case in range(cases):
         tokens, features = random_prompt(rng, config)
         theirs, their_delta = stack.get_mrope_input_positions(model, tokens, features)
-        ours, delta = fixes.host_mrope_input_positions(model, tokens, features)
+        ours, delta = qwen2_5_vl_fix.host_mrope_input_positions(model, tokens, features)
         types.add(type(ours).__module__)
         if not (np.array_equal(np.asarray(theirs), ours) and their_delta == delta and ours.dtype == np.int32):
             mismatches.append({"case": case, "tokens": len(tokens), "media": [f.modality for f in features]})
@@ -81,9 +90,9 @@ class FakeVisionModel:
         return jnp.asarray(pixels).reshape(t * h * w // MERGE ** 2, MERGE ** 2, -1).sum(axis=1)
 
 
-def check_images(rng, cases, fixes, stack) -> list:
+def check_images(rng, cases, stack) -> list:
     model, mismatches = FakeVisionModel(stack), []
-    parse, process = fixes._pixels_on_host(stack._parse_and_validate_image_input), fixes._each_image_alone(
+    parse, process = qwen2_5_vl_fix._pixels_on_host(stack._parse_and_validate_image_input), qwen2_5_vl_fix._each_image_alone(
         stack._process_image_input)
     for case in range(cases):
         grids = tuple((1, MERGE * rng.randint(1, 4), MERGE * rng.randint(1, 4)) for _ in range(rng.randint(1, 4)))
@@ -111,13 +120,13 @@ class FakeGemma4Model:
         return pixels.astype(jnp.float32) * valid + positions.sum(axis=-1, keepdims=True).astype(jnp.float32)
 
 
-def check_gemma4_images(rng, cases, fixes, gemma4) -> list:
+def check_gemma4_images(rng, cases, gemma4) -> list:
     """Encoder batches of one to three images, as vLLM hands them over: one bf16 tensor when the images share a
     soft-token budget, a list when they do not (the stack fails on that one). Each image's rows from ours equal
     the stack's for that image alone, and the stack's for the whole batch where it takes it."""
     stack, model, mismatches = gemma4.Gemma4ForConditionalGeneration, FakeGemma4Model(), []
-    parse, process = fixes._gemma4_pixels_on_host(stack._parse_and_validate_image_input), \
-        fixes._each_image_alone_on_host(stack._process_image_input)
+    parse, process = gemma4_fix._gemma4_pixels_on_host(stack._parse_and_validate_image_input), \
+        gemma4_fix._each_image_alone_on_host(stack._process_image_input)
     theirs = lambda pixels, positions: stack._process_image_input(model, stack._parse_and_validate_image_input(
         model, pixel_values=pixels, pixel_position_ids=positions))
     for case in range(cases):
@@ -152,12 +161,12 @@ class FakeLlamaGuard4Model:
         FakeLlamaGuard4Model.vision_model(tiles))))
 
 
-def check_llama_guard_4_images(rng, cases, fixes, llama_guard_4) -> list:
+def check_llama_guard_4_images(rng, cases, llama_guard_4) -> list:
     """Encoder batches of one to three images of 1, 3, 4 or 5 tiles, as vLLM hands them over (the batch's tiles
     as one NCHW bf16 tensor, the tile counts as a tensor or a list): each image's rows from ours, flattened, equal
     what the stack's embed_multimodal returns for it, and the shape the runner sees is the stack's."""
     stack, model, mismatches = llama_guard_4.LlamaGuard4ForCausalLM, FakeLlamaGuard4Model(), []
-    ours = fixes._each_image_by_its_tiles(stack.embed_multimodal)
+    ours = llama_guard_4_fix._each_image_by_its_tiles(stack.embed_multimodal)
     for case in range(cases):
         counts = [rng.choice([1, 3, 4, 5]) for _ in range(rng.randint(1, 3))]
         pixels = torch.randn(sum(counts), 3, 2, 2).to(torch.bfloat16)
@@ -165,7 +174,7 @@ def check_llama_guard_4_images(rng, cases, fixes, llama_guard_4) -> list:
         theirs = stack.embed_multimodal(model, pixel_values=pixels, patches_per_image=per_image)
         mine = ours(model, pixel_values=pixels, patches_per_image=per_image)
         if not (len(mine) == len(theirs) == len(counts)
-                and all(isinstance(m, fixes.WholeEncoderOutput) and m.shape == t.shape
+                and all(isinstance(m, common_fix.WholeEncoderOutput) and m.shape == t.shape
                         and np.array_equal(np.asarray(m.array).reshape(m.shape), np.asarray(t))
                         for m, t in zip(mine, theirs))):
             mismatches.append({"case": case, "tiles": counts})
@@ -196,7 +205,7 @@ def stack_vision(qwen2_5_vl, head_dim: int, window_size: int):
     return visual
 
 
-def check_padded_images(rng, cases, fixes, qwen2_5_vl) -> tuple[list, int]:
+def check_padded_images(rng, cases, qwen2_5_vl) -> tuple[list, int]:
     """Random grids (one image, as the stack's get_single_image_embedding hands them over, and several for
     the aux arrays): the host inputs equal the stack's compute_aux_arrays + pad_inputs, array for array and
     dtype for dtype, and the padded output's image rows equal the stack's sliced output."""
@@ -206,14 +215,14 @@ def check_padded_images(rng, cases, fixes, qwen2_5_vl) -> tuple[list, int]:
         visual = stack_vision(qwen2_5_vl, head_dim, window)
         grids = tuple((1, MERGE * rng.randint(1, 16), MERGE * rng.randint(1, 16)) for _ in range(rng.randint(1, 3)))
         theirs_aux = visual.compute_aux_arrays(grids)
-        ours_aux = fixes.host_aux_arrays(visual, grids)
+        ours_aux = qwen2_5_vl_fix.host_aux_arrays(visual, grids)
         grid = grids[:1]
         patches = int(np.prod(grid[0]))
         x = np.asarray(np.random.default_rng(case).normal(size=(patches, 6)), jnp.bfloat16)
         theirs_inputs = visual.pad_inputs(jnp.asarray(x), *visual.compute_aux_arrays(grid))
-        ours_inputs, count = fixes.host_padded_encoder_inputs(visual, x, grid)
+        ours_inputs, count = qwen2_5_vl_fix.host_padded_encoder_inputs(visual, x, grid)
         theirs_rows = visual.__call__(jnp.asarray(x), grid)
-        ours_rows = fixes.padded_image_embedding(visual, x, grid[0])
+        ours_rows = qwen2_5_vl_fix.padded_image_embedding(visual, x, grid[0])
         buckets.add(ours_inputs[0].shape[0])
         same = (all(same_array(a, b) for a, b in zip(ours_aux, theirs_aux))
                 and all(same_array(a, b) for a, b in zip(ours_inputs, theirs_inputs[:5]))
@@ -271,9 +280,9 @@ def same_buffer(ours, theirs, rows: int, flatten_pad) -> bool:
             and np.array_equal(np.asarray(mask), np.asarray(their_mask)))
 
 
-def check_gather(rng, cases, fixes, gather, flatten_pad) -> tuple[list, int]:
+def check_gather(rng, cases, gather, flatten_pad) -> tuple[list, int]:
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)  # as the runner's
-    ours_gather, mismatches, pieces = fixes._into_one_buffer(gather), [], 0
+    ours_gather, mismatches, pieces = step_embeddings_fix._into_one_buffer(gather), [], 0
     for case in range(cases):
         rows, scheduled, cache, manager, args = gather_call(rng, mesh)
         their_pieces, their_mask = gather(manager, *args)
@@ -288,7 +297,7 @@ def to_torch(array) -> torch.Tensor:
     return torch.from_numpy(np.asarray(array, np.float32))
 
 
-def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
+def check_torchax_merge(rng, cases, gather) -> tuple[list, int]:
     """Steps of random prefill chunks through prompts with images (random_step): vLLM's own
     _merge_multimodal_embeddings over the pieces the stack's gather_mm_embeddings cuts equals, row for row,
     merge_rows_in_order over the same pieces and, traced by jax.jit under torchax as the fix runs it, over the
@@ -304,10 +313,10 @@ def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
     @jax.jit
     def merged_in_jit(embeds, buffer, mask):
         with torchax.default_env():
-            return jax_view(fixes.merge_rows_in_order(torch_view(embeds), [torch_view(buffer)], torch_view(mask)))
+            return jax_view(llava_fix.merge_rows_in_order(torch_view(embeds), [torch_view(buffer)], torch_view(mask)))
 
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    ours_gather, mismatches, misplaced = fixes._into_one_buffer(gather), [], 0
+    ours_gather, mismatches, misplaced = step_embeddings_fix._into_one_buffer(gather), [], 0
     for case in range(cases):
         rows, scheduled, _, manager, args = gather_call(rng, mesh)
         pieces, mask = gather(manager, *args)
@@ -316,7 +325,7 @@ def check_torchax_merge(rng, cases, fixes, gather) -> tuple[list, int]:
         [buffer], _ = ours_gather(manager, *args)
         embeds, torch_mask = torch.randn(rows, WIDTH), torch.from_numpy(np.asarray(mask))
         theirs = vllms_merge(embeds.clone(), [to_torch(p) for p in pieces], torch_mask)
-        in_order = fixes.merge_rows_in_order(embeds.clone(), [to_torch(p) for p in pieces], torch_mask)
+        in_order = llava_fix.merge_rows_in_order(embeds.clone(), [to_torch(p) for p in pieces], torch_mask)
         in_jit = np.asarray(merged_in_jit(jnp.asarray(embeds.numpy()), buffer.astype(jnp.float32), mask))
         with torchax.default_env():
             eager = jax_view(vllms_merge(torch_view(jnp.asarray(embeds.numpy())),
@@ -355,7 +364,7 @@ class Qwen3_5ForConditionalGeneration:
     config = SimpleNamespace(vision_config=SimpleNamespace(model_type="qwen3_5"))
 
 
-def qwen3_5_merge_takes_the_one_buffer_in_order(fixes) -> bool:
+def qwen3_5_merge_takes_the_one_buffer_in_order() -> bool:
     """An embed_input_ids calling Qwen3.5's module's merge, as Qwen3.5's does: jitted by the fix, the step's one
     buffer (as many rows as the step's padded tokens, target_pad_len; rows past the placeholders' are padding) lands
     row i at placeholder i; jitted as it is, vLLM's boolean-mask merge writes buffer row i to position i (torchax, a
@@ -380,7 +389,7 @@ def qwen3_5_merge_takes_the_one_buffer_in_order(fixes) -> bool:
     expected = np.zeros((8, 4), np.float32)
     expected[placeholders] = buffer[:3]
     step = (None, jnp.zeros(8, jnp.int32), jnp.asarray(buffer))
-    ours = np.asarray(fixes._merged_in_one_jit(stock_embed)(wrapper)(*step, is_multimodal=jnp.asarray(mask)))
+    ours = np.asarray(llava_fix._merged_in_one_jit(stock_embed)(wrapper)(*step, is_multimodal=jnp.asarray(mask)))
     try:
         as_is = np.asarray(jax.jit(stock_embed(wrapper))(*step, is_multimodal=jnp.asarray(mask)))
     except Exception:  # noqa: BLE001 - a merge that cannot take the buffer at all is as wrong as a misplaced one
@@ -397,7 +406,7 @@ def batch_tower(params_and_buffers, modality=None, **kwargs):
     return jnp.asarray(pixels.float().numpy()).reshape(pixels.shape[0], 2, 6) * 2 + 1
 
 
-def check_torchax_images(rng, cases, fixes) -> list:
+def check_torchax_images(rng, cases) -> list:
     """Encoder batches of one to four LLaVA images (one tensor, or a list of images): each image alone through the
     tower gives the rows the stack's batch gives it, as a (tokens, width) output to the runner; a vLLM model
     the fixes do not jit keeps the stack's functions (its embed_input_ids marked to keep its pieces)."""
@@ -405,7 +414,7 @@ def check_torchax_images(rng, cases, fixes) -> list:
     other = SimpleNamespace(model=SimpleNamespace(vllm_model=SimpleNamespace(config=llava.model.vllm_model.config)))
     qwen3_vl, qwen3_vl_moe = (SimpleNamespace(model=SimpleNamespace(vllm_model=cls())) for cls in (
         Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration))
-    encode = fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(llava)
+    encode = llava_fix._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(llava)
     mismatches = []
     for case in range(cases):
         count = rng.randint(1, 4)
@@ -414,34 +423,34 @@ def check_torchax_images(rng, cases, fixes) -> list:
         theirs, ours = batch_tower(None, modality="image", pixel_values=pixels), encode(None, modality="image",
                                                                                         pixel_values=sent)
         if not (len(ours) == count and all(
-                isinstance(o, fixes.WholeEncoderOutput) and o.shape == t.shape and o.ndim == 2
+                isinstance(o, common_fix.WholeEncoderOutput) and o.shape == t.shape and o.ndim == 2
                 and np.array_equal(np.asarray(o.array).reshape(o.shape), np.asarray(t)) for o, t in zip(ours, theirs))):
             mismatches.append({"case": case, "images": count})
 
     def stock_embed(*args, **kwargs):
         return None
 
-    kept = (fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(other) is batch_tower
-            and fixes._merged_in_one_jit(lambda wrapper: stock_embed)(other) is stock_embed
-            and getattr(stock_embed, fixes.TAKES_ONE_BUFFER) is False
-            and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, other.model.vllm_model) == "stack's"
-            and hasattr(fixes._jit_planned_towers(lambda fn, model: None)(batch_tower, llava.model.vllm_model), "lower")
-            and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(llava), "lower")
-            and all(fixes._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(qwen3) is batch_tower
-                    and fixes._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, qwen3.model.vllm_model)
+    kept = (llava_fix._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(other) is batch_tower
+            and llava_fix._merged_in_one_jit(lambda wrapper: stock_embed)(other) is stock_embed
+            and getattr(stock_embed, llava_fix.TAKES_ONE_BUFFER) is False
+            and llava_fix._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, other.model.vllm_model) == "stack's"
+            and hasattr(llava_fix._jit_planned_towers(lambda fn, model: None)(batch_tower, llava.model.vllm_model), "lower")
+            and hasattr(llava_fix._merged_in_one_jit(lambda wrapper: stock_embed)(llava), "lower")
+            and all(llava_fix._each_image_through_the_jitted_tower(lambda wrapper: batch_tower)(qwen3) is batch_tower
+                    and llava_fix._jit_planned_towers(lambda fn, model: "stack's")(batch_tower, qwen3.model.vllm_model)
                     == "stack's"
-                    and hasattr(fixes._merged_in_one_jit(lambda wrapper: stock_embed)(qwen3), "lower")
+                    and hasattr(llava_fix._merged_in_one_jit(lambda wrapper: stock_embed)(qwen3), "lower")
                     for qwen3 in (qwen3_vl, qwen3_vl_moe)))
     if not kept:
         mismatches.append({"case": "which models the fixes jit"})
-    if not deepstack_rows_left_behind_by_no_trace(fixes, qwen3_vl):
+    if not deepstack_rows_left_behind_by_no_trace(qwen3_vl):
         mismatches.append({"case": "Qwen3-VL deepstack rows kept across traces"})
-    if not qwen3_5_merge_takes_the_one_buffer_in_order(fixes):
+    if not qwen3_5_merge_takes_the_one_buffer_in_order():
         mismatches.append({"case": "Qwen3.5's merge over the one buffer"})
     return mismatches
 
 
-def deepstack_rows_left_behind_by_no_trace(fixes, wrapper) -> bool:
+def deepstack_rows_left_behind_by_no_trace(wrapper) -> bool:
     """The stack's Qwen3-VL patches keep a step's deepstack rows on the model and pack whatever is there: the fix's
     jitted embed_input_ids traces from none (not an earlier step's) and leaves none behind (no tracer outlives its
     trace)."""
@@ -453,7 +462,7 @@ def deepstack_rows_left_behind_by_no_trace(fixes, wrapper) -> bool:
         model._deepstack_tensors["deepstack_input_embeds_0"] = input_ids  # what _patched_set_deepstack does
         return input_ids
 
-    embed = fixes._merged_in_one_jit(lambda _: keeps_rows)(wrapper)
+    embed = llava_fix._merged_in_one_jit(lambda _: keeps_rows)(wrapper)
     embed(None, jnp.zeros(4, jnp.int32))
     return seen == [{}] and model._deepstack_tensors == {}
 
@@ -468,13 +477,13 @@ def budget_batches(rng, cache: dict) -> list[tuple[list[str], int]]:
     return batches
 
 
-def check_budget_outputs(rng, cases, fixes, gather, flatten_pad, stack_postprocess) -> tuple[list, int]:
+def check_budget_outputs(rng, cases, gather, flatten_pad, stack_postprocess) -> tuple[list, int]:
     """Steps of random prefill chunks (random_step) whose images were encoded in token-budget batches (one to three
     images, each batch's output the budget's rows, padding after them): the stack's MMEncoderJITManager postprocess
     slices each image's rows on the device, and its gather cuts and pads the step's pieces; the fix keeps each
     budget output whole with its image's place in it, and its gather builds the same buffer from there."""
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    ours_gather, mismatches, shared = fixes._into_one_buffer(gather), [], 0
+    ours_gather, mismatches, shared = step_embeddings_fix._into_one_buffer(gather), [], 0
     for case in range(cases):
         rows, scheduled, cache, manager, args = gather_call(rng, mesh)
         theirs_cache, ours_cache = {}, {}
@@ -484,7 +493,7 @@ def check_budget_outputs(rng, cases, fixes, gather, flatten_pad, stack_postproce
                                      + [jnp.ones((budget - sum(counts), WIDTH), jnp.bfloat16)])
             theirs_out, ours_out = [None] * len(batch), [None] * len(batch)
             stack_postprocess(None, output, list(range(len(batch))), counts, theirs_out)
-            fixes._whole_budget_outputs(None, output, list(range(len(batch))), counts, ours_out)
+            qwen3_vl_fix._whole_budget_outputs(None, output, list(range(len(batch))), counts, ours_out)
             theirs_cache.update(zip(batch, theirs_out))
             ours_cache.update(zip(batch, ours_out))
             shared += len(batch) > 1
@@ -502,46 +511,44 @@ def main() -> None:
     from tpu_inference.models.jax.utils.multi_modal_utils import flatten_pad_mm_embeds
     from tpu_inference.runner import multimodal_manager
 
-    from aotc.runners.tpu_inference import serving_fixes
-
     stack = qwen2_5_vl.Qwen2_5_VLForConditionalGeneration
     originals = {name: getattr(stack, name) for name in ("get_mrope_input_positions", "_parse_and_validate_image_input",
                                                          "_process_image_input", "_validate_and_reshape_mm_tensor")}
     stack_model = SimpleNamespace(**originals)
     gather = multimodal_manager.MultiModalManager.gather_mm_embeddings
     rng, cases = random.Random(request["seed"]), request["cases"]
-    mrope, types = check_mrope(rng, AutoConfig.from_pretrained(request["config"]), cases, serving_fixes, stack_model)
-    images = check_images(rng, cases, serving_fixes, stack_model)
-    gathered, pieces = check_gather(rng, cases, serving_fixes, gather, flatten_pad_mm_embeds)
-    padded, patch_buckets = check_padded_images(rng, request["padded_cases"], serving_fixes, qwen2_5_vl)
+    mrope, types = check_mrope(rng, AutoConfig.from_pretrained(request["config"]), cases, stack_model)
+    images = check_images(rng, cases, stack_model)
+    gathered, pieces = check_gather(rng, cases, gather, flatten_pad_mm_embeds)
+    padded, patch_buckets = check_padded_images(rng, request["padded_cases"], qwen2_5_vl)
     from tpu_inference.models.jax import gemma4_mm
 
     gemma4_originals = {"_process_image_input": gemma4_mm.Gemma4ForConditionalGeneration._process_image_input}
-    gemma4_images = check_gemma4_images(rng, request["padded_cases"], serving_fixes, gemma4_mm)
+    gemma4_images = check_gemma4_images(rng, request["padded_cases"], gemma4_mm)
     from tpu_inference.models.jax import llama_guard_4
 
     guard_embed = llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal
-    llama_guard_4_images = check_llama_guard_4_images(rng, request["padded_cases"], serving_fixes, llama_guard_4)
-    torchax_merge, misplaced = check_torchax_merge(rng, cases, serving_fixes, gather)
-    torchax_images = check_torchax_images(rng, request["padded_cases"], serving_fixes)
+    llama_guard_4_images = check_llama_guard_4_images(rng, request["padded_cases"], llama_guard_4)
+    torchax_merge, misplaced = check_torchax_merge(rng, cases, gather)
+    torchax_images = check_torchax_images(rng, request["padded_cases"])
     from tpu_inference.runner import mm_encoder_jit_manager
 
     adapter = mm_encoder_jit_manager._TorchaxEncoderModelAdapter
-    budget_outputs, shared_budgets = check_budget_outputs(rng, cases, serving_fixes, gather, flatten_pad_mm_embeds,
+    budget_outputs, shared_budgets = check_budget_outputs(rng, cases, gather, flatten_pad_mm_embeds,
                                                           adapter.postprocess_encoder_output)
     from tpu_inference.models.vllm import vllm_model_wrapper
 
     wrapper_embed = vllm_model_wrapper.VllmModelWrapper.wrap_embed_input_ids_func
     serving_fixes.install()
     serving_fixes.install()  # twice: still one layer of fixes
-    patched = (stack.get_mrope_input_positions is serving_fixes.host_mrope_input_positions
+    patched = (stack.get_mrope_input_positions is qwen2_5_vl_fix.host_mrope_input_positions
                and stack._process_image_input.__wrapped__ is originals["_process_image_input"]
                and multimodal_manager.MultiModalManager.gather_mm_embeddings.__wrapped__ is gather
                and gemma4_mm.Gemma4ForConditionalGeneration._process_image_input.__wrapped__
                is gemma4_originals["_process_image_input"]
                and llama_guard_4.LlamaGuard4ForCausalLM.embed_multimodal.__wrapped__ is guard_embed
                and vllm_model_wrapper.VllmModelWrapper.wrap_embed_input_ids_func.__wrapped__ is wrapper_embed
-               and adapter.postprocess_encoder_output is serving_fixes._whole_budget_outputs)
+               and adapter.postprocess_encoder_output is qwen3_vl_fix._whole_budget_outputs)
     print(json.dumps({"cases": cases, "mrope": mrope, "images": images, "gather": gathered, "gathered_pieces": pieces,
                       "padded_images": padded, "gemma4_images": gemma4_images,
                       "llama_guard_4_images": llama_guard_4_images, "torchax_merge": torchax_merge,

@@ -18,7 +18,7 @@ twin.install()
 from tokamax._src.ops.experimental.gmm_v2 import gmm_v2 as tokamax_gmm  # noqa: E402
 from tpu_inference.layers.common.fused_moe_gmm import fused_moe_func  # noqa: E402
 
-from aotc.runners.tpu_inference import twin_moe  # noqa: E402
+from aotc.runners.tpu_inference.twin import moe as twin_moe  # noqa: E402
 
 rng = np.random.default_rng(0)
 

@@ -13,7 +13,7 @@ import pytest
 
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.tpu_inference import buckets
+from aotc.runners.tpu_inference.plan import buckets
 from aotc.testing import stock_server
 
 from .conftest import REPO

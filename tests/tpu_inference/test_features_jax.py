@@ -15,7 +15,7 @@ import pytest
 
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.tpu_inference import buckets
+from aotc.runners.tpu_inference.plan import buckets
 from tests.support_cases import FEATURES_JAX_BUILT
 
 from .conftest import REPO

@@ -8,7 +8,7 @@ Gemma 4 (its encoder per soft-token budget), on Llama Guard 4 (its encoder per t
 tpu-inference's torchax path (vLLM's model, its tower and input embedding jitted by the fixes). One build of the
 matrix, shared.
 
-Zero depends on the serving fixes (aotc/runners/tpu_inference/serving_fixes.py, held equal to the stack's code by
+Zero depends on the serving fixes (aotc/runners/tpu_inference/serving_fixes/, held equal to the stack's code by
 test_serving_fixes_jax.py): without them tpu-inference slices, joins and pads each request's M-RoPE positions,
 pixels and image embeddings as eager device ops, shaped by the prompt and the batch.
 """
@@ -25,8 +25,8 @@ from aotc.graphs import GraphSpec
 from aotc.entry import hf_config
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
-from aotc.runners.tpu_inference import buckets, gemma4_vision, llama_guard_4, qwen3_vl
-from aotc.runners.tpu_inference.buckets import image_max_patches, large_image_encoder_graphs
+from aotc.runners.tpu_inference.plan import buckets, gemma4_vision, llama_guard_4, qwen3_vl
+from aotc.runners.tpu_inference.plan.buckets import image_max_patches, large_image_encoder_graphs
 from tests.conftest import run_aotc
 from tests.support_cases import MULTIMODAL_JAX_WITHOUT_CANARY
 
@@ -308,9 +308,9 @@ def test_qwen3_5_plans_what_qwen3_vl_does_at_its_shapes():
 def test_the_serving_fixes_jit_the_merge_of_every_architecture_planned_as_qwen3_vl():
     """The fixes run in the stack's process and name the classes themselves: the set the plan follows on Qwen3-VL's
     path and the set whose input embedding the fixes jit (aotc's one-buffer place_encoder_rows) are one."""
-    from aotc.runners.tpu_inference import serving_fixes
+    from aotc.runners.tpu_inference.serving_fixes import qwen3_vl as qwen3_vl_fix
 
-    assert serving_fixes.JITTED_TORCHAX_MERGES_ONLY == qwen3_vl.ARCHITECTURES
+    assert qwen3_vl_fix.JITTED_TORCHAX_MERGES_ONLY == qwen3_vl.ARCHITECTURES
 
 
 @pytest.mark.parametrize("limits, images", [

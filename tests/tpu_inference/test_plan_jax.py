@@ -11,7 +11,7 @@ from aotc.graphs import GraphSpec
 from aotc.matrix import load_matrix
 from aotc.plan import plan_entry
 from aotc.runners.spec import load_runner
-from aotc.runners.tpu_inference import buckets, qwen3_vl
+from aotc.runners.tpu_inference.plan import buckets, qwen3_vl
 
 from .conftest import REPO, run_jax
 
@@ -51,7 +51,7 @@ def test_a_draft_resolves_to_the_implementation_the_rule_says(facts):
     """rules.draft_implementation: the stack's own resolve_model_impl_type under auto, for targets and drafts alike
     (the preferred set is the stack's), and no draft vLLM names resolves to vLLM's model; the stack still refuses a
     draft on another implementation than its target's."""
-    from aotc.runners.tpu_inference import rules
+    from aotc.runners.tpu_inference.plan import rules
 
     assert rules.VLLM_PREFERRED_ARCHITECTURES == set(facts["vllm_preferred"])
     for architecture, resolved in facts["resolved_implementations"].items():
@@ -80,7 +80,7 @@ def test_rules_are_vllm_032s(facts):
     from types import SimpleNamespace
 
     from aotc.runners import vllm_rules
-    from aotc.runners.tpu_inference import rules
+    from aotc.runners.tpu_inference.plan import rules
 
     assert rules.QUANTIZATIONS == tuple(facts["quantizations"])
     for (seqs, tokens, length, chunked), theirs in zip(scheduler_sweep(), facts["scheduler"]):
@@ -434,7 +434,7 @@ def test_dflash_untied_target_refusal_is_tpu_inferences_own_breakage(jax_env, tm
     architectures are exactly those where the stack's own lookup finds a module, and only when untied (Llama
     keeps its head as a parameter); a DFlash entry on such a target is refused at plan (exit 2, one line), tied
     it plans. When the stack fixes its lookup, the first assertion fails and the rule goes."""
-    from aotc.runners.tpu_inference.rules import JAX_HEAD_MODULE_TIED_BY_DEFAULT
+    from aotc.runners.tpu_inference.plan.rules import JAX_HEAD_MODULE_TIED_BY_DEFAULT
 
     models = REPO / "configs" / "models"
     targets = [[str(models / name), tied] for name in ("tiny-qwen3", "tiny-gemma4", "tiny-llama")
@@ -516,7 +516,7 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
     import json
     import subprocess
 
-    from aotc.runners.tpu_inference import rules
+    from aotc.runners.tpu_inference.plan import rules
 
     model = REPO / "configs" / "models" / "tiny-deepseek-v3"
     dp_attention = {"sharding": {"sharding_strategy": {"enable_dp_attention": True}}}
@@ -545,7 +545,7 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
 JAX_DEEPSEEK_FACTS = """
 import inspect, json, sys
 from tpu_inference.models.jax import deepseek_v3
-from aotc.runners.tpu_inference.twin_deepseek import config_sizes
+from aotc.runners.tpu_inference.twin.deepseek import config_sizes
 constants = json.loads(sys.argv[1])
 v3_config = {key: value for key, value in json.loads(sys.argv[2])}
 print(json.dumps({"constants": {name: getattr(deepseek_v3, name) for name in constants},
@@ -566,7 +566,7 @@ def test_jax_deepseek_v3_rule_is_the_stacks_own_code(jax_env, tmp_path):
     import json
     import subprocess
 
-    from aotc.runners.tpu_inference.rules import JAX_DEEPSEEK_V3_CONSTANTS
+    from aotc.runners.tpu_inference.plan.rules import JAX_DEEPSEEK_V3_CONSTANTS
 
     constants = {name: value for name, (_, value) in JAX_DEEPSEEK_V3_CONSTANTS.items() if name is not None}
     v3_config = [[key, value] for key, value in JAX_DEEPSEEK_V3_CONSTANTS.values()]

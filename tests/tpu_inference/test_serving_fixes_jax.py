@@ -1,4 +1,4 @@
-"""The serving fixes (aotc/runners/tpu_inference/serving_fixes.py) compute what the stack's code computes:
+"""The serving fixes (aotc/runners/tpu_inference/serving_fixes/) compute what the stack's code computes:
 each held against the tpu-inference function it replaces, under the JAX venv, over random inputs."""
 
 from __future__ import annotations
@@ -82,3 +82,16 @@ def test_qwen3_vl_budget_outputs_kept_whole_give_the_buffer_the_stacks_slices_gi
     the one buffer the fix gathers from each budget's whole output and its image's place in it equals what the
     stack's gather and padding make of the rows its MMEncoderJITManager slices per image; some budgets are shared."""
     assert compared["budget_outputs"] == [] and compared["shared_budgets"] > 0
+
+
+def test_every_fix_module_is_in_the_registry():
+    """The registry (serving_fixes.PATCHES) installs each model's fix: a fix module (one with `fix`) left out of it
+    would never run in a pod."""
+    import importlib
+    import pkgutil
+
+    from aotc.runners.tpu_inference import serving_fixes
+
+    fix_modules = {info.name for info in pkgutil.iter_modules(serving_fixes.__path__)
+                   if hasattr(importlib.import_module(f"{serving_fixes.__name__}.{info.name}"), "fix")}
+    assert sorted(serving_fixes.PATCHES.values()) == sorted(fix_modules)

@@ -1,4 +1,4 @@
-"""The CPU twin's GDN kernel (aotc/runners/tpu_inference/twin_gdn.py), the linear attention of hybrid models, against
+"""The CPU twin's GDN kernel (aotc/runners/tpu_inference/twin/gdn.py), the linear attention of hybrid models, against
 a plain numpy loop, in the JAX venv. The TPU kernel cannot run here: its Pallas code does not run in Pallas' TPU
 interpret mode either (a reshaped memory ref it uses has no interpreter rule in JAX 0.11), so the reference is the
 recurrence written out token by token; the twin hands the recurrence itself to the stack's own JAX reference."""

@@ -1,4 +1,4 @@
-"""The CPU twin's MoE kernels (aotc/runners/tpu_inference/twin_moe.py) against references, in the JAX venv.
+"""The CPU twin's MoE kernels (aotc/runners/tpu_inference/twin/moe.py) against references, in the JAX venv.
 
 The TPU kernels cannot run here (that is why the twin exists), so the references are tokamax's own
 fused-activation epilogue, a plain numpy grouped matmul, and a dense per-expert MoE for tpu-inference's

@@ -1,5 +1,5 @@
 """The model zoo end to end on the CPU twin, through the real CLI: each entry of configs/zoo-jax.yaml (dense
-Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin_moe where
+Qwen2, tied on the JAX path and untied through torchax, and Qwen3; the MoE architectures, through twin.moe where
 the model takes tpu-inference's GMM backend; DeepSeek V3, JAX-native and through vLLM's model, on the MLA
 kernel's twin; the hybrid Qwen3-Next on the GDN kernel's twin, with and without prefix caching) builds
 every planned graph, a fresh process replays it with zero misses, and for one model of each MoE path and for
@@ -117,7 +117,7 @@ def test_a_target_the_stack_runs_on_vllms_model_drafts_only_with_its_draft_set_t
     import dataclasses
 
     from aotc.entry import hf_config
-    from aotc.runners.tpu_inference import rules
+    from aotc.runners.tpu_inference.plan import rules
 
     entry = ENTRIES["qwen3_5-moe-mtp"]
     assert entry.env["DRAFT_MODEL_IMPL_TYPE"] == "vllm" and rules.draft_implementation(entry, hf_config(entry)) == []
@@ -149,7 +149,7 @@ def built_architectures() -> set[str]:
     models', and a draft's as vLLM names it (EAGLE-3: Eagle3<arch>; DFlash: DFlash<arch> unless the name has
     DFlash already; a Gemma 4 assistant: Gemma4MTPModel, SpeculativeConfig.hf_config_override)."""
     from aotc.entry import hf_config
-    from aotc.runners.tpu_inference.rules import on_jax_path
+    from aotc.runners.tpu_inference.plan.rules import on_jax_path
 
     found: set[str] = set()
     for name in BUILT_MATRICES:

@@ -18,7 +18,7 @@ import pytest
 from aotc.errors import MatrixError
 from aotc.matrix import parse_matrix
 from aotc.runners import vllm_rules
-from aotc.runners.vllm_tpu import rules
+from aotc.runners.vllm_tpu.plan import rules
 from tests.conftest import CONFIGS
 
 

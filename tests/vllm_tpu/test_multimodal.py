@@ -22,7 +22,8 @@ import vllm  # noqa: F401
 from aotc.errors import MatrixError
 from aotc.matrix import load_matrix, parse_matrix
 from aotc.plan import plan_entry
-from aotc.runners.vllm_tpu import buckets, twin_attention
+from aotc.runners.vllm_tpu.plan import buckets
+from aotc.runners.vllm_tpu.twin import attention as twin_attention
 
 from ..conftest import CONFIGS, run_aotc
 from .conftest import assert_built_as_planned, vllm_mm_budget, vllm_plan

@@ -8,7 +8,7 @@ import pytest
 from aotc.cli import main
 from aotc.matrix import parse_matrix
 from aotc.plan import plan_entry
-from aotc.runners.vllm_tpu import buckets
+from aotc.runners.vllm_tpu.plan import buckets
 
 from ..conftest import CONFIGS
 

@@ -18,7 +18,8 @@ import pytest
 
 from aotc.fingerprint import entry_kv_blocks, pin_kv
 from aotc.matrix import Entry
-from aotc.runners.vllm_tpu import cpu_platform, engine
+from aotc.runners.vllm_tpu import engine
+from aotc.runners.vllm_tpu.twin import plugin as twin_plugin
 
 from .conftest import REPO, demo_entry
 
@@ -34,18 +35,18 @@ def tpu_entry(**changes) -> Entry:
 
 def test_platform_plugin_is_declared_for_vllm():
     plugins = {ep.name: ep.value for ep in entry_points(group="vllm.platform_plugins")}
-    assert plugins.get("aotc_cpu_tpu") == "aotc.runners.vllm_tpu.cpu_platform:register"
+    assert plugins.get("aotc_cpu_tpu") == "aotc.runners.vllm_tpu.twin.plugin:register"
 
 
 def test_platform_plugin_is_inert_unless_aotc_asks(monkeypatch):
     monkeypatch.delenv("AOTC_CPU_TWIN", raising=False)
-    assert cpu_platform.register() is None
+    assert twin_plugin.register() is None
     monkeypatch.setenv("AOTC_CPU_TWIN", "1")
-    assert cpu_platform.register() == "aotc.runners.vllm_tpu.twin_platform.CpuTwinTpuPlatform"
+    assert twin_plugin.register() == "aotc.runners.vllm_tpu.twin.platform.CpuTwinTpuPlatform"
 
 
 def test_importing_the_runner_package_stays_light():
-    code = "import sys, aotc.runners.vllm_tpu, aotc.runners.vllm_tpu.cpu_platform; print('torch' in sys.modules)"
+    code = "import sys, aotc.runners.vllm_tpu, aotc.runners.vllm_tpu.twin.plugin; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -59,7 +60,7 @@ def resolved_platform(env: dict) -> str:
 
 
 def test_vllm_resolves_the_twin_only_when_asked():
-    assert resolved_platform({"AOTC_CPU_TWIN": "1"}) == "aotc.runners.vllm_tpu.twin_platform.CpuTwinTpuPlatform"
+    assert resolved_platform({"AOTC_CPU_TWIN": "1"}) == "aotc.runners.vllm_tpu.twin.platform.CpuTwinTpuPlatform"
     # libtpu is installed here, so vLLM's own detection picks its TPU platform.
     assert resolved_platform({}) == "vllm.platforms.tpu.TpuPlatform"
 

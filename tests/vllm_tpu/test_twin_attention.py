@@ -14,9 +14,9 @@ import pytest
 # The full stack is the test venv's (CI installs it with `make env`): missing, these imports fail the
 # run instead of skipping it.
 import torch
-import vllm  # noqa: F401  (twin_attention stands in for vLLM's Pallas kernel)
+import vllm  # noqa: F401  (twin.attention stands in for vLLM's Pallas kernel)
 
-from aotc.runners.vllm_tpu import twin_attention as twin
+from aotc.runners.vllm_tpu.twin import attention as twin
 
 PAGE = 4
 

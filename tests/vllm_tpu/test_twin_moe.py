@@ -16,9 +16,9 @@ import pytest
 
 # The full stack is the test venv's: missing, these imports fail the run instead of skipping it.
 import torch
-import vllm  # noqa: F401  (twin_moe stands in for the kernel vLLM's TPU MoE calls)
+import vllm  # noqa: F401  (twin.moe stands in for the kernel vLLM's TPU MoE calls)
 
-from aotc.runners.vllm_tpu import twin_moe
+from aotc.runners.vllm_tpu.twin import moe as twin_moe
 
 
 def reference_gmm(lhs, rhs, group_sizes, group_offset=0, transpose_rhs=False):

@@ -4,11 +4,17 @@ Entry point: `python -m aotc.runners.tpu_inference {build|verify} REQUEST.json R
 JAX venv's interpreter (requirements/jax.lock; the core finds it through AOTC_PYTHON_TPU_INFERENCE).
 Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of a fresh server is a hit.
 
-* buckets       -- tpu-inference's paddings and precompile loops as a plan (no JAX; the core imports it)
-* twin_plugin   -- vLLM general-plugin hook; inert unless AOTC_CPU_TWIN=1
-* twin, twin_attention, twin_moe, twin_deepseek -- the CPU twin's patches, its jittable ragged paged and MLA
-  attention, its MoE grouped matmul, the JAX DeepSeek V3 at its config's sizes
-* serving_fixes, dummy_weights -- what the plugin mends in the stack wherever it is installed
+* plan/         -- tpu-inference's paddings, precompile loops and entry rules as a plan, per multimodal model too
+  (no JAX; the core imports it)
+* plugin        -- vLLM general-plugin hook, loaded in every process (a pod's too): collapses the stack's flags,
+  installs the serving fixes and the dummy-weight draft, and the twin's patches only under AOTC_CPU_TWIN=1
+* kv_size       -- the stack's own KV sizing, run in its interpreter
+* beyond_warmup -- the graphs a server reaches that the stack's warm-up skips, compiled as it compiles them
+* twin/         -- the CPU twin: its patches, its jittable ragged paged and MLA attention, its MoE grouped matmul,
+  its GDN kernel, the JAX DeepSeek V3 at its config's sizes
+* serving_fixes/ -- where the stack compiles per request, the same work done where it cannot: one module per
+  model, its __init__ the registry the plugin installs
+* dummy_weights -- a dummy-weight engine's draft loads with dummy weights too (the plugin installs it)
 * engine        -- entry -> environment + vllm.LLM arguments (every graph persisted)
 * topology, compile_only -- a TPU target on a host without one: the accelerator's libtpu topology, and its
   compile-only devices as the process's JAX devices (every graph compiles for the TPU, nothing runs)
@@ -16,7 +22,7 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
 * watcher       -- the serving guard's JAX compile counter (aotc/guard.py)
 * session, build, verify -- the two runner commands (records: aotc/runners/records.py)
 
-Importing this package must not import JAX: vLLM loads `twin_plugin` in every process.
+Importing this package must not import JAX: vLLM loads `plugin` in every process.
 """
 
 from __future__ import annotations
@@ -39,12 +45,12 @@ class TpuInferenceRunner(SizedByStack, RunnerSpec):
     @property
     def planner(self) -> Planner:
         # imported on first use: vLLM imports this package in every process
-        from aotc.runners.tpu_inference.buckets import PLANNER
+        from aotc.runners.tpu_inference.plan.buckets import PLANNER
 
         return PLANNER
 
     def validate(self, entry: Entry, hf_config: dict | None) -> list[str]:
-        from aotc.runners.tpu_inference.rules import validate
+        from aotc.runners.tpu_inference.plan.rules import validate
 
         return validate(entry, hf_config)
 
@@ -91,7 +97,5 @@ SPEC = TpuInferenceRunner(
                                              "(TPUModelRunner._execute_model), which kills the server"},
     cache_loads=True,
     tpu_targets_on_cpu_host=True,
-    twin_modules=("aotc.runners.tpu_inference.twin", "aotc.runners.tpu_inference.twin_attention",
-                  "aotc.runners.tpu_inference.twin_moe", "aotc.runners.tpu_inference.twin_deepseek",
-                  "aotc.runners.tpu_inference.twin_gdn"),
+    twin_package="aotc.runners.tpu_inference.twin",
 )

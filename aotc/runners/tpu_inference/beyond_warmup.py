@@ -5,7 +5,7 @@ limit; with speculative decoding, the bonus-token sampler, the rejection sampler
 step's packed host inputs (SPECULATIVE); for a vision-language model, what a step with image embeddings runs
 under aotc's serving fixes (MULTIMODAL_STEP).
 
-The plan names them (`GraphSpec.beyond_warmup`, aotc/runners/tpu_inference/buckets.py); this module only
+The plan names them (`GraphSpec.beyond_warmup`, aotc/runners/tpu_inference/plan/buckets.py); this module only
 executes what the request's plan lists. Imports JAX: runner-side only.
 """
 
@@ -59,27 +59,27 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from aotc.runners.tpu_inference import serving_fixes
+    from aotc.runners.tpu_inference.serving_fixes import step_embeddings
 
     runner = manager.runner
     images = _images_of(runner)
-    sharding = serving_fixes.embedding_sharding(runner.mesh)
+    sharding = step_embeddings.embedding_sharding(runner.mesh)
 
     def encoder_output(place_shape: dict[str, Any]):
-        return serving_fixes.EncoderRows.of(images.output_of(place_shape)).array
+        return step_embeddings.EncoderRows.of(images.output_of(place_shape)).array
 
     def empty(rows: int):  # the buffer takes the encoder output's width and dtype (encoded in a call's window)
         any_output = encoder_output(shapes[PLACE_ENCODER_ROWS][0])
-        return serving_fixes.empty_embedding_rows(rows, any_output.shape[-1], any_output.dtype, sharding)
+        return step_embeddings.empty_embedding_rows(rows, any_output.shape[-1], any_output.dtype, sharding)
 
     def place(rows: int, place_shape: dict[str, Any]):
-        return serving_fixes.place_encoder_rows(empty(rows), encoder_output(place_shape), 0, 0, 1, sharding)
+        return step_embeddings.place_encoder_rows(empty(rows), encoder_output(place_shape), 0, 0, 1, sharding)
 
     def mask(rows: int):
         return jnp.array(np.zeros(rows, np.bool_), dtype=jnp.bool_)
 
     def encode(shape: dict[str, Any]):
-        return serving_fixes.EncoderRows.of(images.encoder(shape)).array
+        return step_embeddings.EncoderRows.of(images.encoder(shape)).array
 
     run = functools.partial(manager._run_compilation, warmup_handler=lambda fn, args, kwargs: fn(*args, **kwargs))
     for family in (VISION_ENCODER_PADDED, IMAGE_ENCODER):
@@ -95,7 +95,7 @@ def multimodal_step(manager, shapes: dict[str, list[dict[str, Any]]]) -> None:
 def _images_of(runner):
     """The encoder outputs of the runner's architecture, by the plan's shapes."""
     from aotc.runners import llava
-    from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4
+    from aotc.runners.tpu_inference.plan import gemma4_vision, llama_guard_4
 
     architectures = runner.model_config.hf_config.architectures or []
     if gemma4_vision.ARCHITECTURE in architectures:
@@ -165,7 +165,7 @@ class _LlamaGuard4Images:
     (bfloat16 NCHW pixels, the count in patches_per_image), tokens_per_tile rows a tile out."""
 
     def __init__(self, runner):
-        from aotc.runners.tpu_inference.llama_guard_4 import tokens_per_tile
+        from aotc.runners.tpu_inference.plan.llama_guard_4 import tokens_per_tile
 
         self.runner, self.vision, self.encoded = runner, runner.model_config.hf_config.vision_config, {}
         self.per_tile = tokens_per_tile(runner.model_config.hf_config.to_dict())

@@ -14,7 +14,7 @@ from aotc.runners.protocol import BuildResult, Graph, Request
 from aotc.runners.records import CALL, Record, touched
 
 from . import engine
-from .buckets import implied_flags
+from .plan.buckets import implied_flags
 from .session import RUNNER, Session, effective_flags
 
 GIB = 1 << 30

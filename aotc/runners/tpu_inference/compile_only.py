@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .twin import installed as twin_installed
-from .twin_plugin import ENV_FLAG as TWIN_FLAG
+from .plugin import ENV_FLAG as TWIN_FLAG
 
 _installed: dict[str, Any] = {}
 # under the stack's CPU mesh, outputs of at least this size stay abstract (a weight); smaller ones are computed

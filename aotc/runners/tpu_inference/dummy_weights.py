@@ -5,7 +5,7 @@ tpu-inference 0.32's loader rewrites the engine's load format from "dummy" to "j
 "pathways_dummy") in place when it loads a target through its iterator loader (Qwen2, Qwen3, Gemma 4); a
 draft loaded after it (DFlash's DFlashForCausalLM) then sees no "dummy", takes the checkpoint path and
 fails on a directory without weights. This puts "dummy" back for the draft's load only. The plugin
-(twin_plugin.register) installs it wherever tpu-inference is: a server with real weights never has a dummy
+(plugin.register) installs it wherever tpu-inference is: a server with real weights never has a dummy
 format, so there it never acts.
 
 The same loader makes that rewrite only after it has built the model, and DeepSeek V3's JAX model refuses
@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from .serving_fixes import attribute_set
+from .serving_fixes.common import attribute_set
 
 MODEL_LOADER = "tpu_inference.models.common.model_loader"
 WEIGHT_UTILS = "tpu_inference.models.jax.utils.weight_utils"

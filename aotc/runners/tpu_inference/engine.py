@@ -3,7 +3,7 @@
 `device: tpu` is vLLM-TPU's own start-up with VLLM_XLA_CACHE_PATH at the staging dir (tpu-inference
 points JAX's persistent compilation cache there); on a host with no TPU, aotc's own processes start it on
 the accelerator's compile-only devices (compile_only.py): the same graphs, compiled for that TPU, never run.
-`device: cpu` is the same on JAX's CPU backend with the twin plugin (twin_plugin.py), which vLLM only
+`device: cpu` is the same on JAX's CPU backend with the twin plugin (plugin.py), which vLLM only
 activates when AOTC_CPU_TWIN=1.
 Either way JAX's persistence thresholds are lowered so that *every* compiled graph is written: by
 default JAX keeps only graphs that took >= 1 s to compile, and a pod would compile the rest again.
@@ -20,7 +20,7 @@ from aotc.entry import Entry
 from aotc.runners.multimodal import text_vocab_size
 from aotc.runners.vllm_engine import Env, VllmEngine
 
-from .twin_plugin import ENV_FLAG as TWIN_FLAG
+from .plugin import ENV_FLAG as TWIN_FLAG
 
 # Read by jax.config at import (JAX_<OPTION>), so they hold in every process vLLM starts.
 PERSIST_EVERYTHING = {
@@ -57,7 +57,7 @@ class TpuInferenceEngine(VllmEngine):
 
     def in_process_env(self, entry: Entry, environ: Mapping[str, str]) -> Env:
         """The flags tpu-inference prepends at import need nothing here: the twin plugin collapses them to one
-        copy in this process as in each of a server's (twin_plugin.py)."""
+        copy in this process as in each of a server's (plugin.py)."""
         env = host_without_tpu_env(entry, "aotc-compile-only") if compile_only_target(entry) else {}
         # tpu-inference's own parallel precompile, as the build asks (its default: 1, sequential); each
         # compile stays tied to the call that submitted it (instrument._pin_pool).
@@ -112,7 +112,7 @@ def compile_only_target(entry: Entry):
 
 def lora_env(entry: Entry) -> dict[str, str]:
     """The model implementation LoRA needs (buckets.implied_env), for the build and the stock server."""
-    from .buckets import implied_env
+    from .plan.buckets import implied_env
 
     return implied_env(entry)
 
@@ -121,7 +121,7 @@ def data_parallel_env(entry: Entry) -> dict[str, str]:
     """`vllm serve --data-parallel-size N` would start one engine process per rank, each with a one-rank mesh
     (tpu-inference's multi-process DP, on by default for the server only); the plan, the build and the pod run
     tpu-inference's single-process SPMD data parallelism, whose graphs span all ranks."""
-    from .buckets import data_parallel_size
+    from .plan.buckets import data_parallel_size
 
     return {"TPU_MULTIPROCESS_DP": "0"} if data_parallel_size(entry) > 1 else {}
 
@@ -129,7 +129,7 @@ def data_parallel_env(entry: Entry) -> dict[str, str]:
 def twin_device_flags(entry: Entry, environ=None) -> dict[str, str]:
     """XLA_FLAGS with the twin's virtual devices for a tp > 1 entry (buckets.implied_flags), kept first so
     the launch's own flags still follow; read when JAX's CPU client starts, after this is set."""
-    from .buckets import implied_flags
+    from .plan.buckets import implied_flags
 
     current = (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
     added = [f for f in implied_flags(entry).get("XLA_FLAGS", ()) if f not in current]

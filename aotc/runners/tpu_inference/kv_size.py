@@ -3,7 +3,7 @@
 Run as ``python -m aotc.runners.tpu_inference.kv_size`` under the runner's interpreter with the entry
 (``Entry.to_dict()``, without ``num_gpu_blocks_override``) as JSON on stdin (aotc/runners/kv_sizing.py). It
 starts the in-process engine as a build does; the worker's ``determine_available_memory`` fills the HBM
-after the weights × ``gpu_memory_utilization`` (on the CPU twin the twin's stated HBM, twin.py).
+after the weights × ``gpu_memory_utilization`` (on the CPU twin the twin's stated HBM, twin/).
 """
 
 from __future__ import annotations

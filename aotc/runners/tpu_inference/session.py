@@ -12,7 +12,8 @@ from aotc.runners.flags import xla_flags
 from aotc.runners.multimodal import with_images
 from aotc.runners.records import Record
 
-from . import beyond_warmup, buckets, compile_only, engine, instrument, twin_plugin
+from . import beyond_warmup, compile_only, engine, instrument, plugin
+from .plan import buckets
 from .probe import Probe
 
 RUNNER = "tpu-inference"
@@ -34,7 +35,7 @@ class Session:
 
         def hook() -> None:
             # The twin must patch tpu-inference before instrument imports its runner (a no-op on TPU).
-            twin_plugin.register()
+            plugin.register()
             probe.install()
             if compile_only.installed():
                 compile_only.on_target_compile.append(lambda executable: probe.record_compile(

@@ -22,7 +22,7 @@ from typing import Any
 from aotc.runners.watching import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
                         when_imported)
 
-from .twin_plugin import ENV_FLAG as TWIN_FLAG
+from .plugin import ENV_FLAG as TWIN_FLAG
 
 WORKER_MODULE = "tpu_inference.worker.tpu_worker"
 REQUESTS_EVENT = "/jax/compilation_cache/compile_requests_use_cache"

@@ -3,20 +3,19 @@
 Entry point: `python -m aotc.runners.vllm_tpu {build|verify} REQUEST.json RESULT.json`
 (one process per entry). Modules, heaviest last:
 
-* buckets       -- vLLM's paddings and capture_model loops as a plan, and its entry rules (no torch)
+* plan/         -- vLLM's paddings and capture_model loops as a plan, and its entry rules (no torch)
 * doctor        -- `aotc doctor`'s torch_xla loadability probe
-* cpu_platform  -- vLLM platform-plugin hook; inert unless AOTC_CPU_TWIN=1
 * records       -- worker records -> families/shapes (no torch)
 * engine        -- entry -> environment + vllm.LLM arguments
 * build, verify -- the two runner commands
 * traffic       -- seeded request sweep through the real engine
 * probe         -- cache-dir / counter / stderr evidence per call
 * worker        -- measuring TPUWorker and its PJRT-CPU twin
-* twin_platform, twin_attention, twin_moe -- the CPU twin's TpuPlatform and its Pallas stand-ins
-  (attention; the MoE grouped matmul)
+* twin/         -- the CPU twin: its vLLM platform-plugin hook (twin.plugin, inert unless AOTC_CPU_TWIN=1), its
+  TpuPlatform and its Pallas stand-ins (attention; the MoE grouped matmul)
 * watcher       -- the serving guard's torch_xla compile counter (aotc/guard.py)
 
-Importing this package must not import torch: vLLM loads `cpu_platform` in
+Importing this package must not import torch: vLLM loads `twin.plugin` in
 every process that resolves its platform.
 """
 
@@ -40,12 +39,12 @@ class VllmTpuRunner(SizedByStack, RunnerSpec):
     @property
     def planner(self) -> Planner:
         # imported on first use: vLLM imports this package in every process
-        from aotc.runners.vllm_tpu.buckets import PLANNER
+        from aotc.runners.vllm_tpu.plan.buckets import PLANNER
 
         return PLANNER
 
     def validate(self, entry: Entry, hf_config: dict | None) -> list[str]:
-        from aotc.runners.vllm_tpu.rules import validate
+        from aotc.runners.vllm_tpu.plan.rules import validate
 
         return validate(entry, hf_config)
 
@@ -81,6 +80,5 @@ SPEC = VllmTpuRunner(
                           "same failure: tenstorrent/tt-xla#3310)"},
     pins={"torch": "2.9.0", "torch_xla": "2.9.0", "vllm": "0.13.0", "libtpu": "0.0.21", "jax": "0.7.1",
           "jaxlib": "0.7.1"},  # requirements/full.lock
-    twin_modules=("aotc.runners.vllm_tpu.twin_platform", "aotc.runners.vllm_tpu.twin_attention",
-                  "aotc.runners.vllm_tpu.twin_moe"),
+    twin_package="aotc.runners.vllm_tpu.twin",
 )

@@ -15,13 +15,13 @@ from typing import Any
 from aotc.entry import Entry
 from aotc.runners.vllm_engine import Env, VllmEngine
 
-from .cpu_platform import ENV_FLAG as TWIN_FLAG
+from .twin.plugin import ENV_FLAG as TWIN_FLAG
 
 TPU_WORKER = "aotc.runners.vllm_tpu.worker.AotcTPUWorker"
 CPU_WORKER = "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
 CPU_SERVING_WORKER = "aotc.runners.vllm_tpu.worker.CpuTwinServingWorker"
 SERVE_SEED = 0  # vLLM's default; torch_xla's graphs do not depend on it (verify runs seed 1)
-DEVICE_NAME_ENV = "AOTC_TWIN_DEVICE_NAME"  # read by twin_platform
+DEVICE_NAME_ENV = "AOTC_TWIN_DEVICE_NAME"  # read by twin.platform
 
 
 def device_name(accelerator: str) -> str:

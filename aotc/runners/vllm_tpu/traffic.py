@@ -9,7 +9,7 @@ from aotc.runners.multimodal import text_vocab_size, with_images
 from aotc.runners.traffic import Limits, TrafficRequest, run_traffic  # noqa: F401  (the runner's traffic API)
 from aotc.runners.traffic import plan_traffic as _plan_traffic
 
-from .buckets import MIN_NUM_SEQS, req_paddings, traffic_images
+from .plan.buckets import MIN_NUM_SEQS, req_paddings, traffic_images
 
 
 def request_buckets(max_num_seqs: int) -> list[int]:

@@ -15,7 +15,7 @@ from typing import Any
 from aotc.runners.watching import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
                         when_imported)
 
-from .cpu_platform import ENV_FLAG as TWIN_FLAG
+from .twin.plugin import ENV_FLAG as TWIN_FLAG
 
 TPU_WORKER_MODULE = "vllm.v1.worker.tpu_worker"
 XLA_COUNTERS = ("UncachedCompile", "PersistentCacheMiss", "PersistentCacheHit")

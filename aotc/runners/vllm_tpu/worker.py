@@ -224,8 +224,8 @@ def _step_shape(runner, what: str, num_reqs: int, num_tokens: int) -> dict[str, 
 class CpuTwin:
     """The TPU worker on PJRT CPU: same runner, same graphs, no TPU (a mixin before a TPUWorker).
 
-    It also gives torch_xla's Pallas grouped matmul (vLLM's TPU MoE) its CPU kernel (twin_moe), and its Pallas
-    flash attention (vLLM's vision encoders) its CPU twin (twin_attention.flash_attention).
+    It also gives torch_xla's Pallas grouped matmul (vLLM's TPU MoE) its CPU kernel (twin.moe), and its Pallas
+    flash attention (vLLM's vision encoders) its CPU twin (twin.attention.flash_attention).
     """
 
     def init_device(self) -> None:
@@ -234,8 +234,8 @@ class CpuTwin:
         os.environ["PJRT_DEVICE"] = "CPU"
         import torch_xla
 
-        from .twin_attention import install_vision_attention
-        from .twin_moe import install as install_twin_moe
+        from .twin.attention import install_vision_attention
+        from .twin.moe import install as install_twin_moe
 
         torch_xla.device()
         # Here, not in the platform: only the engine's worker may import torch_xla (the API server must not).

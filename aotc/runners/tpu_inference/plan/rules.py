@@ -4,7 +4,7 @@ plus tpu-inference's TpuPlatform's. Held against their code by tests/tpu_inferen
 from __future__ import annotations
 
 from aotc.runners import vllm_rules
-from aotc.runners.tpu_inference.buckets import DRAFTER_METHODS, additional_config, plan_problems, speculative_config
+from aotc.runners.tpu_inference.plan.buckets import DRAFTER_METHODS, additional_config, plan_problems, speculative_config
 
 # tpu_inference.platforms.tpu_platform.TpuPlatform.supported_quantization
 QUANTIZATIONS = ("compressed-tensors", "auto_awq", "fp8", "gpt_oss_mxfp4", "modelopt_fp4", "deepseek_v4_fp8",
@@ -134,7 +134,7 @@ def jax_deepseek_v3(entry, hf_config: dict | None) -> list[str]:
     """tpu-inference 0.32's JAX DeepseekV3ForCausalLM, the default for that architecture, serves only:
     * an FP8 checkpoint: its MLAEinsum dequantizes kv_b_proj at load and asserts a quantization config;
     * DeepSeek V3's sizes (V3, R1, V3.1), its module constants: a checkpoint of other sizes (Kimi K2,
-      DeepSeek V2) fails to load. The CPU twin builds the model at its config's sizes (twin_deepseek), so this
+      DeepSeek V2) fails to load. The CPU twin builds the model at its config's sizes (twin.deepseek), so this
       holds for `device: tpu` only; the router's literal group top-k (4) holds everywhere.
     vLLM's DeepseekV3 through torchax (MODEL_IMPL_TYPE: vllm) takes any of them."""
     if "DeepseekV3ForCausalLM" not in ((hf_config or {}).get("architectures") or []) or not on_jax_path(entry):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from .rules import JAX_DEEPSEEK_V3_CONSTANTS, deepseek_config_value
+from ..plan.rules import JAX_DEEPSEEK_V3_CONSTANTS, deepseek_config_value
 
 MODULE = "tpu_inference.models.jax.deepseek_v3"
 INSTALLED = "_aotc_sizes_from_config"

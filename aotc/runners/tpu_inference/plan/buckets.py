@@ -24,7 +24,7 @@ from aotc.runners import llava
 from aotc.runners.multimodal import image_step_graphs, is_multimodal
 from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
 from aotc.runners.spec import Planner
-from aotc.runners.tpu_inference import gemma4_vision, llama_guard_4, qwen3_vl
+from aotc.runners.tpu_inference.plan import gemma4_vision, llama_guard_4, qwen3_vl
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -389,6 +389,7 @@ def multimodal_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) ->
     return graphs + multimodal_step_graphs(entry, hf_config, p)
 
 
+# a package: the fingerprint hashes each of its modules (aotc/fingerprint.py code_digest)
 SERVING_FIXES = ("aotc.runners.tpu_inference.serving_fixes",)
 
 
@@ -409,7 +410,7 @@ def image_grids(entry: Entry, hf_config: dict) -> list[str]:
 
 def multimodal_step_graphs(entry: Entry, hf_config: dict, p: dict[str, list[int]]) -> list[GraphSpec]:
     """Beyond the warm-up, what a step with image embeddings runs besides the merger under aotc's serving fixes
-    (aotc/runners/tpu_inference/serving_fixes.py): per token bucket the step's placeholder mask lifted to the
+    (aotc/runners/tpu_inference/serving_fixes/): per token bucket the step's placeholder mask lifted to the
     device and the empty embedding buffer, per token bucket and encoder output the copy of an image's encoder
     rows into it; and the image encoder per grid when the stack's warm-up compiles none (no vision_warmup_config).
     An encoder output is an image grid's, or with enable_dynamic_image_sizes the padded encoder's, whose rows

@@ -1,4 +1,5 @@
-"""vLLM general-plugin entry point (group `vllm.general_plugins`) of the tpu-inference runner.
+"""vLLM general-plugin entry point (group `vllm.general_plugins`, name `aotc_jax_cpu_twin`: the name a pod's
+VLLM_PLUGINS allow-list matches, kept from when the module served the twin alone) of the tpu-inference runner.
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), before the model
 runner is imported. Standard library only until it acts. It does four things:
@@ -7,7 +8,7 @@ runner is imported. Standard library only until it acts. It does four things:
   import to one copy each (aotc/runners/flags.py), right after its `env_override` runs in this process, so
   `vllm serve` (API server + engine core) and an in-process `LLM(...)` hash the same XLA flags into JAX's
   cache keys. Nothing compiles before it: the engine core loads plugins before its executor starts.
-* always, wherever tpu-inference is installed: the serving fixes (aotc/runners/tpu_inference/serving_fixes.py),
+* always, wherever tpu-inference is installed: the serving fixes (aotc/runners/tpu_inference/serving_fixes/),
   which move per-request bookkeeping the stack runs as eager device ops to the host, so the build, verify
   and a pod compile the same graphs and a pod nothing per request.
 * always, wherever tpu-inference is installed: a dummy-weight engine's draft loads with dummy weights too
@@ -29,7 +30,7 @@ FLAG_PREPENDER = "tpu_inference.env_override"
 def register() -> None:
     collapse_stack_flags()
     if importlib.util.find_spec("tpu_inference") is None:
-        return  # another stack's venv: there ENV_FLAG asks for that stack's twin (vllm_tpu/cpu_platform.py)
+        return  # another stack's venv: there ENV_FLAG asks for that stack's twin (vllm_tpu/twin/plugin.py)
     from .dummy_weights import install as install_dummy_draft
     from .serving_fixes import install as install_serving_fixes
 

@@ -11,7 +11,7 @@ import os
 
 from vllm.platforms.tpu import TpuPlatform
 
-ATTENTION_BACKEND = "aotc.runners.vllm_tpu.twin_attention.TwinPallasAttentionBackend"
+ATTENTION_BACKEND = "aotc.runners.vllm_tpu.twin.attention.TwinPallasAttentionBackend"
 WORKER_CLS = "aotc.runners.vllm_tpu.worker.CpuTwinServingWorker"  # a plain `vllm serve` on the twin
 # Set by the runner from the entry's accelerator, e.g. "v6e-8" -> "TPU V6E".
 DEVICE_NAME_ENV = "AOTC_TWIN_DEVICE_NAME"

@@ -1,7 +1,14 @@
-"""tpu-inference on JAX's CPU backend: the few TPU-only facts the runner relies on, replaced.
+"""The CPU twin: tpu-inference on JAX's CPU backend, the few TPU-only facts the runner relies on replaced.
 
 Everything else — the model, the runner, its `capture_model`, the sampler — is tpu-inference's own, so
-the twin compiles the same families at the same paddings as a TPU host (as CPU executables).
+the twin compiles the same families at the same paddings as a TPU host (as CPU executables). This module
+holds the patches (`install`, which the plugin calls only under AOTC_CPU_TWIN=1); beside it, the
+stand-ins for the stack's TPU-only kernels: attention (ragged paged, MLA, flash), moe (the grouped matmul),
+gdn (the fused conv1d + gated delta rule) and deepseek (the JAX DeepSeek V3 at its config's sizes).
+
+Every module of this package enters the fingerprint of a `device: cpu` entry (``RunnerSpec.twin_package``):
+a module added here is hashed without being listed anywhere. Import-light: the standard library only at
+module level (the plan side reads HBM_BYTES_ENV).
 """
 
 from __future__ import annotations
@@ -127,11 +134,11 @@ def install() -> None:
     compiler_options.get_sampling_compiler_options = no_compiler_options
 
     _patch_attention()
-    from . import twin_deepseek, twin_gdn, twin_moe
+    from . import deepseek, gdn, moe
 
-    twin_moe.install()
-    twin_deepseek.install()
-    twin_gdn.install()
+    moe.install()
+    deepseek.install()
+    gdn.install()
     _patch_imported_names()
 
 
@@ -143,8 +150,8 @@ def _patch_attention() -> None:
     from tpu_inference.layers.jax.attention import attention as jax_attention
     from tpu_inference.layers.jax.attention import gpt_oss_attention
 
-    from .twin_attention import (flash_attention, mla_ragged_paged_attention, ragged_paged_attention,
-                                 ragged_paged_attention_hd64)
+    from .attention import (flash_attention, mla_ragged_paged_attention, ragged_paged_attention,
+                            ragged_paged_attention_hd64)
 
     attention_interface.flash_attention = flash_attention
     attention_interface.mla_ragged_paged_attention = mla_ragged_paged_attention

@@ -13,7 +13,7 @@ import importlib.util
 import os
 
 ENV_FLAG = "AOTC_CPU_TWIN"
-PLATFORM_QUALNAME = "aotc.runners.vllm_tpu.twin_platform.CpuTwinTpuPlatform"
+PLATFORM_QUALNAME = "aotc.runners.vllm_tpu.twin.platform.CpuTwinTpuPlatform"
 
 
 def register() -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .twin_attention import _iota_like
+from .attention import _iota_like
 
 # Kept alive for the process: dropping a torch.library.Library deregisters its kernels.
 _LIBRARY: list[torch.library.Library] = []
