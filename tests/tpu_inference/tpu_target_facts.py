@@ -125,6 +125,28 @@ def host_weight_made_under_the_stacks_cpu_mesh(device) -> dict:
             "held_growth": compile_only.held_bytes(device) - before_held, "placed_type": type(placed).__name__}
 
 
+def torch_weight_made_on_meta(device) -> dict:
+    """A 1 GiB weight of vLLM's PyTorch model as a compile-only build makes it (on the meta device), through the
+    stack's own torch-to-JAX placing (cleanup_sharding, the torchax path's) and then a torch Parameter, as the
+    stack's weight processing wraps it: what is placed, what the device holds, the host's peak RSS growth."""
+    import resource
+
+    import torch
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference.layers.vllm.process_weights import cleanup_sharding
+
+    compile_only._convert_meta_tensors_to_abstract_arrays()
+    shape, before_held = (8192, 65536), compile_only.held_bytes(device)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    tensor = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    mesh = jax.sharding.Mesh(np.array([device]), ("model",))
+    placed = cleanup_sharding._convert_to_torchax_and_shard(tensor, NamedSharding(mesh, PartitionSpec()))
+    parameter = torch.nn.Parameter(placed, requires_grad=False)
+    return {"bytes": int(np.prod(shape)) * 2, "placed_type": type(placed._elem).__name__,
+            "parameter_shape": list(parameter.shape), "held_growth": compile_only.held_bytes(device) - before_held,
+            "host_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak_before}
+
+
 def refusal(action) -> str | None:
     try:
         action()
@@ -167,4 +189,5 @@ device = jax.devices()[0]
 weights = [jax.device_put(np.zeros((256, 1024), np.float32), device) for _ in range(3)]  # three equal layers
 facts["held_bytes"], facts["one_weight_bytes"] = compile_only.held_bytes(device), 256 * 1024 * 4
 facts["host_weight"] = host_weight_made_under_the_stacks_cpu_mesh(device)
+facts["torch_weight"] = torch_weight_made_on_meta(device)
 print(json.dumps(facts))

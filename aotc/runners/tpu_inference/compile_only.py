@@ -1,7 +1,7 @@
 """A TPU topology's compile-only devices as this process's JAX devices: the stack starts and warms up as on
 that TPU, and every graph it would run compiles for the TPU instead (libtpu, on a host with no TPU).
 
-Nothing of the stack is replaced. What changes is JAX's answer to three questions:
+Nothing of the stack is replaced. What changes is the answer to these questions:
 
 * which devices are there: ``jax.devices()`` lists the topology's devices (the stack reads their
   ``device_kind`` to pick its kernels' block sizes, and builds its mesh over their ``coords`` as on a pod);
@@ -17,7 +17,12 @@ Nothing of the stack is replaced. What changes is JAX's answer to three question
   dummy weights and reshapes checkpoint tensors before placing them), a jitted call whose outputs are
   weight-sized (or whose inputs are abstract) returns abstract arrays on the CPU without compiling, so a
   real-size model's weights are never made on the host either (measured: Qwen3-8B's eager dummy weights took
-  the build past 21 GB of RSS).
+  the build past 21 GB of RSS);
+* what vLLM's PyTorch model (the stack's torchax path: MODEL_IMPL_TYPE=vllm, or an architecture outside its JAX
+  registry) is made of: it is made on the ``meta`` device, each tensor the stack converts to JAX becomes an
+  abstract array on the host, and the stack places it on the devices with the shardings it computes, where torchax
+  wraps it as it wraps any JAX array (abstract arrays are ``jax.Array`` instances). So the torch model never holds
+  a weight on the host, and the jitted model call is traced over abstract inputs like any other.
 
 The persistent cache stays off for the CPU client: the artifact holds the TPU executables only.
 A graph that needs a value (a sampled token) cannot run: a compile-only build stops at the stack's
@@ -33,6 +38,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .serving_fixes import attribute_set
 from .twin import installed as twin_installed
 from .plugin import ENV_FLAG as TWIN_FLAG
 
@@ -88,7 +94,7 @@ def install(devices: list[Any]) -> None:
 
     pxla.MeshComputation.compile = compile_and_report
     _account_hbm_by_held_arrays()
-    _refuse_the_torchax_path()
+    _load_torch_models_on_meta()
 
 
 def _list_target_devices(jax) -> None:
@@ -108,10 +114,19 @@ def _abstract_array_class():
     stack asks of a computed array."""
     import jax
 
-    class AbstractArray(jax.ShapeDtypeStruct):
+    class AbstractArray(jax.ShapeDtypeStruct, jax.Array):
         """A value on a compile-only device: shape, dtype, sharding; never data."""
 
         __slots__ = ("__weakref__",)
+
+        @property
+        def device(self):
+            devices = self.sharding.device_set
+            return next(iter(devices)) if len(devices) == 1 else self.sharding
+
+        @property
+        def is_fully_addressable(self) -> bool:
+            return self.sharding.is_fully_addressable
 
         def block_until_ready(self):
             return self
@@ -237,23 +252,52 @@ def _account_hbm_by_held_arrays() -> None:
     utils.hbm_usage_bytes = hbm_usage_bytes
 
 
-class TorchaxPathUnsupported(RuntimeError):
-    """vLLM's PyTorch model through torchax keeps its weights as torch tensors over JAX arrays and calls torch on
-    them while it loads: abstract arrays have no such methods (measured: Qwen2.5-7B with MODEL_IMPL_TYPE=vllm
-    stopped at ``'AbstractArray' object has no attribute 'detach'``)."""
-
-
-def _refuse_the_torchax_path() -> None:
+def _load_torch_models_on_meta() -> None:
+    """vLLM's PyTorch model (the stack serves it through torchax) is made on the ``meta`` device, and each of its
+    tensors the stack converts to JAX on the host becomes an abstract array there, which the stack then places
+    on the devices with the shardings it computes: the torch model never holds a weight on the host."""
     from tpu_inference.models.common import model_loader
 
-    def refuse(vllm_config, *args, **kwargs):
-        architectures = getattr(vllm_config.model_config.hf_config, "architectures", None)
-        raise TorchaxPathUnsupported(
-            f"{architectures}: vLLM's PyTorch model through torchax (MODEL_IMPL_TYPE=vllm, or an architecture outside "
-            "tpu-inference's JAX registry) does not build on a host without a TPU yet; JAX-native models do "
-            "(MODEL_IMPL_TYPE=flax_nnx). Build this entry on a TPU host of its accelerator type")
+    get_vllm_model = model_loader.get_vllm_model
 
-    model_loader.get_vllm_model = refuse
+    def get_vllm_model_on_meta(vllm_config, *args, **kwargs):
+        _convert_meta_tensors_to_abstract_arrays()
+        with attribute_set(vllm_config.load_config, "device", "meta"):
+            return get_vllm_model(vllm_config, *args, **kwargs)
+
+    model_loader.get_vllm_model = get_vllm_model_on_meta
+
+
+def _convert_meta_tensors_to_abstract_arrays() -> None:
+    """Each name the stack's modules call torch-to-JAX conversion by (torchax's ``t2j``, tpu-inference's own, each
+    imported by name), once the wrapper of vLLM models has imported them, converts a meta tensor to an abstract
+    array on the host; any other tensor as before."""
+    import sys
+
+    import tpu_inference.models.vllm.vllm_model_wrapper  # noqa: F401  (imports the stack's weight processing)
+    from torchax.ops import mappings
+    from tpu_inference import utils
+
+    conversions = _installed.setdefault("t2j", {})
+    if not conversions:  # keyed by the originals' ids; each original is kept alive in its value
+        conversions.update({id(to_jax): (to_jax, _converting_meta(to_jax)) for to_jax in (mappings.t2j, utils.t2j)})
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] in ("tpu_inference", "torchax"):
+            for attribute in ("t2j", "torchax_t2j"):
+                if id(getattr(module, attribute, None)) in conversions:
+                    setattr(module, attribute, conversions[id(getattr(module, attribute))][1])
+
+
+def _converting_meta(to_jax: Callable) -> Callable:
+    def t2j(tensor, *args, **kwargs):
+        if tensor.device.type != "meta":
+            return to_jax(tensor, *args, **kwargs)
+        from jax import ShapeDtypeStruct
+        from torchax.ops.mappings import t2j_dtype
+
+        return abstract(ShapeDtypeStruct(tuple(tensor.shape), t2j_dtype(tensor.dtype)), _installed["host_sharding"])
+
+    return t2j
 
 
 def memory_figures(executable: Any) -> dict[str, int]:
