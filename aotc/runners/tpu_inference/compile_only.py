@@ -38,9 +38,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .serving_fixes import attribute_set
-from .twin import installed as twin_installed
 from .plugin import ENV_FLAG as TWIN_FLAG
+from .serving_fixes.common import attribute_set
+from .twin import installed as twin_installed
 
 _installed: dict[str, Any] = {}
 # under the stack's CPU mesh, outputs of at least this size stay abstract (a weight); smaller ones are computed
