@@ -19,6 +19,7 @@ from aotc.engine_args import POD_ONLY_ARGS
 from aotc.entry import Entry
 from aotc.processes import update_env
 from aotc.runners.multimodal import entry_is_multimodal
+from aotc.runners.twin_flag import TWIN_FLAG
 
 Env = dict[str, str | None]
 
@@ -71,9 +72,6 @@ class VllmEngine:
     """One vLLM-based stack's engine for an entry. The public methods are the skeleton both backends share; the
     hooks under them (each defaulting to "nothing of its own") are what a backend overrides."""
 
-    # The variable that activates the backend's CPU-twin plugin: set for `device: cpu`, unset on a TPU host
-    # whatever the caller's environment holds, so the twin never activates on a real TPU.
-    twin_flag: ClassVar[str]
     # The stock server's seed.
     serve_seed: ClassVar[int] = 0
 
@@ -88,7 +86,8 @@ class VllmEngine:
         if self.local_model(entry):
             env["HF_HUB_OFFLINE"] = "1"
         env.update(self.stack_env(entry, cache_dir))
-        env[self.twin_flag] = "1" if entry.device == "cpu" else None
+        # unset on a TPU host whatever the caller's environment holds: the twin never activates on a real TPU
+        env[TWIN_FLAG] = "1" if entry.device == "cpu" else None
         env.update(self.device_env(entry, environ))
         return env
 

@@ -32,13 +32,13 @@ warm-up and aotc's beyond-warm-up compiles; serving traffic needs a TPU.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .plugin import ENV_FLAG as TWIN_FLAG
+from aotc.runners.twin_flag import on_the_twin
+
 from .serving_fixes.common import attribute_set
 from .twin import installed as twin_installed
 
@@ -61,7 +61,7 @@ def install(devices: list[Any]) -> None:
     """Make ``devices`` (compile-only, from topology.compile_only_devices) this process's TPU devices."""
     if _installed:
         return
-    if os.environ.get(TWIN_FLAG) == "1" or twin_installed():
+    if on_the_twin() or twin_installed():
         raise RuntimeError("the CPU twin is installed in this process: a TPU graph must never hold its stand-ins")
     import jax
     from jax._src import compilation_cache, core, dispatch, pjit

@@ -20,7 +20,6 @@ from aotc.entry import Entry
 from aotc.runners.multimodal import text_vocab_size
 from aotc.runners.vllm_engine import Env, VllmEngine
 
-from .plugin import ENV_FLAG as TWIN_FLAG
 
 # Read by jax.config at import (JAX_<OPTION>), so they hold in every process vLLM starts.
 PERSIST_EVERYTHING = {
@@ -36,7 +35,6 @@ ENGINE_SEED = 0
 class TpuInferenceEngine(VllmEngine):
     """vLLM-TPU on tpu-inference: JAX's persistent cache, the twin on JAX's CPU client, compile-only devices."""
 
-    twin_flag = TWIN_FLAG
     serve_seed = ENGINE_SEED
 
     def stack_env(self, entry: Entry, cache_dir: str) -> Env:

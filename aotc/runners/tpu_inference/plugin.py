@@ -22,7 +22,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
-ENV_FLAG = "AOTC_CPU_TWIN"
+from aotc.runners.twin_flag import on_the_twin
+
 # Prepends RunnerSpec.stack_flags to XLA_FLAGS / LIBTPU_INIT_ARGS when it runs, once per process.
 FLAG_PREPENDER = "tpu_inference.env_override"
 
@@ -30,13 +31,13 @@ FLAG_PREPENDER = "tpu_inference.env_override"
 def register() -> None:
     collapse_stack_flags()
     if importlib.util.find_spec("tpu_inference") is None:
-        return  # another stack's venv: there ENV_FLAG asks for that stack's twin (vllm_tpu/twin/plugin.py)
+        return  # another stack's venv: there the twin flag asks for that stack's twin (vllm_tpu/twin/plugin.py)
     from .dummy_weights import install as install_dummy_draft
     from .serving_fixes import install as install_serving_fixes
 
     install_serving_fixes()
     install_dummy_draft()
-    if os.environ.get(ENV_FLAG) != "1":
+    if not on_the_twin():
         return
     from .twin import install
 

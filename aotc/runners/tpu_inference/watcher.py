@@ -15,14 +15,13 @@ families the manifest lacks for it.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 from aotc.runners.watching import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
                         when_imported)
 
-from .plugin import ENV_FLAG as TWIN_FLAG
+from aotc.runners.twin_flag import on_the_twin
 
 WORKER_MODULE = "tpu_inference.worker.tpu_worker"
 REQUESTS_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
@@ -140,7 +139,7 @@ class Watcher(StepWatcher):
     def __init__(self, session: Any):
         self.jax = JaxCompiles()
         super().__init__(session, self.jax.counters)
-        self.device = "cpu" if os.environ.get(TWIN_FLAG) == "1" else "tpu"
+        self.device = "cpu" if on_the_twin() else "tpu"
         when_imported(WORKER_MODULE, self.patch)
 
     def patch(self, module: Any) -> None:

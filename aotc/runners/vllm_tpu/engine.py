@@ -15,7 +15,6 @@ from typing import Any
 from aotc.entry import Entry
 from aotc.runners.vllm_engine import Env, VllmEngine
 
-from .twin.plugin import ENV_FLAG as TWIN_FLAG
 
 TPU_WORKER = "aotc.runners.vllm_tpu.worker.AotcTPUWorker"
 CPU_WORKER = "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
@@ -40,7 +39,6 @@ def local_model(entry: Entry) -> str | None:
 class VllmTpuEngine(VllmEngine):
     """vLLM 0.13's TPU runner on torch_xla: aotc's measuring worker, the twin on PJRT's CPU client."""
 
-    twin_flag = TWIN_FLAG
     serve_seed = SERVE_SEED
 
     def check(self, entry: Entry) -> None:

@@ -9,13 +9,12 @@ vLLM imports it, in the process that does (the engine core).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from aotc.runners.watching import (StepCompiles, StepWatcher, patch_steps, scheduled_request_ids, uncovered_families,
                         when_imported)
 
-from .twin.plugin import ENV_FLAG as TWIN_FLAG
+from aotc.runners.twin_flag import on_the_twin
 
 TPU_WORKER_MODULE = "vllm.v1.worker.tpu_worker"
 XLA_COUNTERS = ("UncachedCompile", "PersistentCacheMiss", "PersistentCacheHit")
@@ -110,7 +109,7 @@ class Watcher(StepWatcher):
 
     def __init__(self, session: Any, counters=read_counters):
         super().__init__(session, counters)
-        self.device = "cpu" if os.environ.get(TWIN_FLAG) == "1" else "tpu"
+        self.device = "cpu" if on_the_twin() else "tpu"
         when_imported(TPU_WORKER_MODULE, self.patch)
 
     def patch(self, module: Any) -> None:

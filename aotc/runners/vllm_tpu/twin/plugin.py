@@ -10,13 +10,13 @@ AOTC_CPU_TWIN is the flag both runners' twins share; this twin needs torch_xla, 
 from __future__ import annotations
 
 import importlib.util
-import os
 
-ENV_FLAG = "AOTC_CPU_TWIN"
+from aotc.runners.twin_flag import on_the_twin
+
 PLATFORM_QUALNAME = "aotc.runners.vllm_tpu.twin.platform.CpuTwinTpuPlatform"
 
 
 def register() -> str | None:
-    if os.environ.get(ENV_FLAG) != "1" or importlib.util.find_spec("torch_xla") is None:
+    if not on_the_twin() or importlib.util.find_spec("torch_xla") is None:
         return None
     return PLATFORM_QUALNAME
