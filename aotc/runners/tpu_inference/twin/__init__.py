@@ -117,7 +117,8 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    compile_only = sys.modules.get(f"{__package__}.compile_only")  # loaded only where a TPU target is compiled
+    # loaded only where a TPU target is compiled
+    compile_only = sys.modules.get("aotc.runners.tpu_inference.compile_only")
     if compile_only is not None and compile_only.installed():
         raise RuntimeError("this process compiles for a TPU (compile_only): the CPU twin's stand-ins must stay out")
     _installed = True
