@@ -104,6 +104,14 @@ def test_a_torch_models_weight_is_placed_abstract_and_never_made_on_the_host(fac
     assert weight["held_growth"] == weight["bytes"], weight
 
 
+def test_a_weight_placed_with_a_layout_counts_on_the_device_it_is_placed_on(facts):
+    """The stack places MoE weights and its RoPE table with a Format (layout and sharding): the placed weight has the
+    Format's sharding, so the KV sizing subtracts its bytes per device (before, it kept the source's placement:
+    Qwen3-30B-A3B on a v6e-4 counted its experts whole on each chip, 66.75 GiB, and the sizing refused)."""
+    weight = facts["torch_weight"]
+    assert weight["laid_out_type"] == "AbstractArray" and weight["laid_out_held_growth"] == weight["bytes"], weight
+
+
 def test_the_twin_and_a_tpu_target_never_share_a_process(facts):
     """A TPU graph must never hold one of the twin's stand-ins: each refuses where the other is on."""
     assert "CPU twin" in facts["twin_flag_refusal"]

@@ -132,7 +132,10 @@ def torch_weight_made_on_meta(device) -> dict:
     import resource
 
     import torch
+    from jax.experimental.layout import Layout
     from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_inference import utils
+    from tpu_inference.layers.common.utils import general_device_put
     from tpu_inference.layers.vllm.process_weights import cleanup_sharding
 
     compile_only._convert_meta_tensors_to_abstract_arrays()
@@ -142,8 +145,13 @@ def torch_weight_made_on_meta(device) -> dict:
     mesh = jax.sharding.Mesh(np.array([device]), ("model",))
     placed = cleanup_sharding._convert_to_torchax_and_shard(tensor, NamedSharding(mesh, PartitionSpec()))
     parameter = torch.nn.Parameter(placed, requires_grad=False)
+    held = compile_only.held_bytes(device) - before_held
+    # the stack places MoE weights and the RoPE table with a layout too (general_device_put(..., layout=...))
+    laid_out = general_device_put(utils.t2j(tensor), NamedSharding(mesh, PartitionSpec()), layout=Layout((0, 1)))
     return {"bytes": int(np.prod(shape)) * 2, "placed_type": type(placed._elem).__name__,
-            "parameter_shape": list(parameter.shape), "held_growth": compile_only.held_bytes(device) - before_held,
+            "parameter_shape": list(parameter.shape), "held_growth": held,
+            "laid_out_held_growth": compile_only.held_bytes(device) - before_held - held,
+            "laid_out_type": type(laid_out).__name__,
             "host_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak_before}
 
 

@@ -226,13 +226,17 @@ def _weight_sized(avals) -> bool:
 
 
 def _device_put(*xs, devices, srcs, copy_semantics, dst_avals=None):
-    if not any(_on_target(d) or _is_abstract(x) for x, d in zip(xs, devices)):
+    from jax._src import core
+    from jax._src.layout import Format
+
+    # a Format places with its sharding (the stack relays out MoE weights and the RoPE table so): the layout is the
+    # compiler's business, the bytes per device are the sharding's
+    placements = [d.sharding if isinstance(d, Format) else d for d in devices]
+    if not any(_on_target(d) or _is_abstract(x) for x, d in zip(xs, placements)):
         return _installed["device_put"](*xs, devices=devices, srcs=srcs, copy_semantics=copy_semantics,
                                         dst_avals=dst_avals or [None] * len(xs))
-    from jax._src import core
-
     return [abstract(core.shaped_abstractify(x), _sharding_of(d) if _on_target(d) else getattr(x, "sharding", None))
-            for x, d in zip(xs, devices)]
+            for x, d in zip(xs, placements)]
 
 
 def held_bytes(device: Any) -> int:
