@@ -1,11 +1,11 @@
-"""How the stack sizes an entry's KV cache, and where its answer is kept. The page count itself (one number
+"""How the stack sizes an entry's KV cache, and where its answer is kept. The block count itself (one number
 that build, verify, the fingerprint and every serving flag pin, because it is a shape in every backbone
 graph: vLLM's ``num_gpu_blocks_override``) is ``aotc.fingerprint.entry_kv_blocks``.
 
 The matrix's ``engine.num_gpu_blocks_override`` wins. Otherwise the runner's ``RunnerSpec.kv_blocks``: where
-its own stack sizes the cache as a stock server on that hardware would (``kv_sizing_inputs`` not None:
-tpu-inference fills the HBM left after the weights, × ``gpu_memory_utilization``; on the CPU twin, the
-twin's stated HBM), sizing starts the stack, so its answer is kept on disk per fingerprint inputs
+its own stack sizes the cache as a stock server on that hardware would (``kv_sizing_inputs`` not None, both
+built-in runners: the stack fills the HBM left after the weights, × ``gpu_memory_utilization``; on the CPU twin,
+the twin's stated HBM), sizing starts the stack, so its answer is kept on disk per fingerprint inputs
 (``$AOTC_HOME/kv-blocks/``): plan, fingerprint, build and serve ask once. Otherwise its rule (by default
 the full-length one: every sequence at ``max_model_len`` + vLLM's null block).
 """
@@ -23,7 +23,7 @@ from aotc.runners.tpu_host import compiles_without_running
 
 
 class KvNotSized(BadInput):
-    """The entry's page count is the stack's to size and sizing was not allowed here."""
+    """The entry's KV block count is the stack's to size and sizing was not allowed here."""
 
 
 def override(entry: Entry) -> int | None:
@@ -39,10 +39,10 @@ def stack_kv_blocks(entry: Entry, environ: dict[str, str], key: dict[str, Any], 
     if kept is not None:
         return kept["kv_blocks"]
     if not size:
-        raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on its "
+        raise KvNotSized(f"entry {entry.name}: its KV block count is the {entry.runner} stack's to size on its "
                          f"device, and it was not sized here; pin engine.{OVERRIDE}")
     if compiles_without_running(entry.device) and not entry.backend.tpu_targets_on_cpu_host:
-        raise KvNotSized(f"entry {entry.name}: its KV page count is the {entry.runner} stack's to size on a TPU "
+        raise KvNotSized(f"entry {entry.name}: its KV block count is the {entry.runner} stack's to size on a TPU "
                          f"({entry.accelerator}) and this host has none: run on the pod's TPU type, or pin "
                          f"engine.{OVERRIDE}")
     blocks = entry.backend.kv_blocks(entry, environ)

@@ -45,9 +45,10 @@ class Planner(ABC):
     def bucket_summary(self, entry: Entry) -> dict[str, Any]:
         """The padded buckets behind the plan, for ``aotc plan`` and the report."""
 
-    def kv_page_size(self, entry: Entry) -> int | None:
-        """Tokens per KV page, for the full-length page count (``RunnerSpec.kv_blocks``' default); None: the
-        runner pins no page count."""
+    def kv_block_size(self, entry: Entry) -> int | None:
+        """Tokens per KV block (vLLM's ``CacheConfig.block_size``, which the Pallas backends' ``get_page_size``
+        sets), for the full-length block count (``RunnerSpec.kv_blocks``' default); None: the runner pins no
+        block count."""
         return None
 
     def implied_flags(self, entry: Entry) -> dict[str, tuple[str, ...]]:
@@ -137,13 +138,13 @@ class RunnerSpec(ABC):
         first use."""
 
     def kv_blocks(self, entry: Entry, environ: Mapping[str, str]) -> int | None:
-        """The KV page count a stock server of this stack gives an entry that pins none (vLLM's
+        """The KV block count a stock server of this stack gives an entry that pins none (vLLM's
         ``num_gpu_blocks_override``, a shape in every backbone graph). Default: the full-length rule, every
-        sequence at ``max_model_len`` (``Planner.kv_page_size`` tokens a page) + vLLM's null block; None: the
-        runner pins no page count. A stack that sizes the cache itself on the entry's device overrides this
+        sequence at ``max_model_len`` (``Planner.kv_block_size`` tokens a block) + vLLM's null block; None: the
+        runner pins no block count. A stack that sizes the cache itself on the entry's device overrides this
         and ``kv_sizing_inputs`` (both: ``SizedByStack`` in aotc/runners/kv_sizing.py)."""
-        page = self.planner.kv_page_size(entry)
-        return full_length_blocks(entry.max_num_seqs, entry.max_model_len, page) if page else None
+        block_size = self.planner.kv_block_size(entry)
+        return full_length_blocks(entry.max_num_seqs, entry.max_model_len, block_size) if block_size else None
 
     def kv_sizing_inputs(self, environ: Mapping[str, str]) -> dict[str, Any] | None:
         """None: ``kv_blocks`` is a rule of the entry alone. Otherwise ``kv_blocks`` starts the stack, and this is

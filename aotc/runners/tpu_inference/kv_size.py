@@ -1,4 +1,4 @@
-"""The KV page count tpu-inference gives an entry when nothing pins it: its own memory sizing, nothing else.
+"""The KV block count tpu-inference gives an entry when nothing pins it: its own memory sizing, nothing else.
 
 Run as ``python -m aotc.runners.tpu_inference.kv_size`` under the runner's interpreter with the entry
 (``Entry.to_dict()``, without ``num_gpu_blocks_override``) as JSON on stdin (aotc/runners/kv_sizing.py). It

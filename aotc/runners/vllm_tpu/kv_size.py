@@ -1,4 +1,4 @@
-"""The KV page count vLLM 0.13's TPU worker gives an entry when nothing pins it: its own memory sizing.
+"""The KV block count vLLM 0.13's TPU worker gives an entry when nothing pins it: its own memory sizing.
 
 Run as ``python -m aotc.runners.vllm_tpu.kv_size`` under the runner's interpreter with the entry
 (``Entry.to_dict()``, without ``num_gpu_blocks_override``) as JSON on stdin (aotc/runners/kv_sizing.py). It

@@ -26,7 +26,7 @@ def request_buckets(entry: Entry) -> list[int]:
 
 
 class ToyPlanner(Planner):
-    """The two required methods; every optional one keeps ``Planner``'s default (no KV pages, mesh, images)."""
+    """The two required methods; every optional one keeps ``Planner``'s default (no KV block size, mesh, images)."""
 
     def capture_plan(self, entry: Entry, hf_config: dict | None) -> list[GraphSpec]:
         return ([GraphSpec.of("square", num_tokens=t) for t in token_buckets(entry)]

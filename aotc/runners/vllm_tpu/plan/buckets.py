@@ -20,12 +20,6 @@ from aotc.runners.spec import Planner
 MIN_TOKEN_PADDING = 16  # TPUModelRunner: _get_token_paddings(min_token_size=16, ...)
 
 
-def kv_page_size(entry: Entry) -> int:
-    """The page size the KV cache's full-length rule counts in (aotc/fingerprint.py: entry_kv_blocks): TpuPlatform's, whatever the
-    matrix's block_size says."""
-    return page_size(entry.max_model_len)
-
-
 def max_num_seqs_for_len(model_len: int, block_size: int) -> int:
     """PallasAttentionBackend.get_max_num_seqs: keeps the block table within the kernel's SMEM."""
     return 1024 * 1024 // 2 // cdiv(model_len, block_size) // 4
@@ -115,7 +109,6 @@ class VllmTpuPlanner(Planner):
 
     capture_plan = staticmethod(capture_plan)
     bucket_summary = staticmethod(bucket_summary)
-    kv_page_size = staticmethod(kv_page_size)
     traffic_images = staticmethod(traffic_images)
 
 
