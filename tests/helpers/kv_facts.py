@@ -24,7 +24,7 @@ def main() -> None:
 
     package = "aotc.runners." + request["runner"].replace("-", "_")
     engine = importlib.import_module(package + ".engine")
-    [hbm_env] = importlib.import_module(package + ".kv_size").SIZING_ENV
+    [hbm_env] = importlib.import_module(package + ".kv_sizer").SIZING_ENV
     seed = {"seed": 0} if request["runner"] == "vllm-tpu" else {}
 
     seen = {}

@@ -8,7 +8,7 @@ Unlike torch_xla 2.9's, this cache loads: verify proves every compile request of
   (no JAX; the core imports it)
 * plugin        -- vLLM general-plugin hook, loaded in every process (a pod's too): collapses the stack's flags,
   installs the serving fixes and the dummy-weight draft, and the twin's patches only under AOTC_CPU_TWIN=1
-* kv_size       -- the stack's own KV sizing, run in its interpreter
+* kv_sizer      -- the stack's own KV sizing, run in its interpreter
 * beyond_warmup -- the graphs a server reaches that the stack's warm-up skips, compiled as it compiles them
 * twin/         -- the CPU twin: its patches, its jittable ragged paged and MLA attention, its MoE grouped matmul,
   its GDN kernel, the JAX DeepSeek V3 at its config's sizes
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TpuInferenceRunner(SizedByStack, RunnerSpec):
-    kv_sizer = "aotc.runners.tpu_inference.kv_size"
+    kv_sizer = "aotc.runners.tpu_inference.kv_sizer"
 
     @property
     def planner(self) -> Planner:

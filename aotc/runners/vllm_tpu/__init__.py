@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class VllmTpuRunner(SizedByStack, RunnerSpec):
-    kv_sizer = "aotc.runners.vllm_tpu.kv_size"
+    kv_sizer = "aotc.runners.vllm_tpu.kv_sizer"
 
     @property
     def planner(self) -> Planner:

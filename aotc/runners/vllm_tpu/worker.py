@@ -246,7 +246,7 @@ class CpuTwin:
     def determine_available_memory(self) -> int:
         import torch_xla.core.xla_model as xm
 
-        from .kv_size import DEFAULT_HBM_BYTES, HBM_BYTES_ENV
+        from .kv_sizer import DEFAULT_HBM_BYTES, HBM_BYTES_ENV
 
         # vLLM's own profiling run and arithmetic; only the HBM query, which the CPU client cannot answer,
         # reports the twin's stated HBM with the loaded weights in use, as a TPU's does after loading.

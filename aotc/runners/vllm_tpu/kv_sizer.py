@@ -1,6 +1,6 @@
 """The KV block count vLLM 0.13's TPU worker gives an entry when nothing pins it: its own memory sizing.
 
-Run as ``python -m aotc.runners.vllm_tpu.kv_size`` under the runner's interpreter with the entry
+Run as ``python -m aotc.runners.vllm_tpu.kv_sizer`` under the runner's interpreter with the entry
 (``Entry.to_dict()``, without ``num_gpu_blocks_override``) as JSON on stdin (aotc/runners/kv_sizing.py). It
 starts the in-process engine as a build does; ``TPUWorker.determine_available_memory`` runs its profiling
 pass and fills the HBM torch_xla reports (× ``gpu_memory_utilization``, less the weights and 2 %); on the CPU

@@ -1,6 +1,6 @@
 """The KV block count tpu-inference gives an entry when nothing pins it: its own memory sizing, nothing else.
 
-Run as ``python -m aotc.runners.tpu_inference.kv_size`` under the runner's interpreter with the entry
+Run as ``python -m aotc.runners.tpu_inference.kv_sizer`` under the runner's interpreter with the entry
 (``Entry.to_dict()``, without ``num_gpu_blocks_override``) as JSON on stdin (aotc/runners/kv_sizing.py). It
 starts the in-process engine as a build does; the worker's ``determine_available_memory`` fills the HBM
 after the weights × ``gpu_memory_utilization`` (on the CPU twin the twin's stated HBM, twin/).
