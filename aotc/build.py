@@ -135,7 +135,7 @@ def build_matrix(matrix: Matrix, entries: list[str] | None = None, out_dir: str 
         check_replaceable_dir(out / entry.name)
     for entry in {(e.model, e.revision): e for e in selected}.values():
         fetch_model_config(entry)
-    # the KV page count in every entry's engine arguments: the runner, the manifest's build.entry (verify
+    # the KV block count in every entry's engine arguments: the runner, the manifest's build.entry (verify
     # plans from it) and the fingerprint all carry the one the stack sized (fingerprint.entry_kv_blocks)
     plans = [plan_entry(pin_kv(e, runner_process_env(e))) for e in selected]
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Which artifact a fetch takes: the manifest for an entry (its fingerprint computed for the pod, the KV page
+"""Which artifact a fetch takes: the manifest for an entry (its fingerprint computed for the pod, the KV block
 count taken from the store when the pod cannot size it) or for a fingerprint, from the node cache when this
 node fetched it before, else from the store; and, when none matches, what differs from the nearest one
 published (the pod-mismatch report)."""
@@ -28,7 +28,7 @@ def cached_manifest(cache: NodeCache | None, entry: Any, fingerprint: str | None
         try:
             fingerprint = fingerprint_entry(entry, kv_blocks=entry_kv_blocks(entry, size=False)).digest
         except KvNotSized:
-            return None  # the store says which page count was built (pod_fingerprint)
+            return None  # the store says which KV block count was built (pod_fingerprint)
     return cache.manifest(entry.name, fingerprint)
 
 
@@ -47,7 +47,7 @@ def resolve_manifest(store: Store, entry: Any, fingerprint: str | None) -> tuple
 
 
 def pod_fingerprint(store: Store, entry: Any):
-    """The fingerprint of the engine the pod runs. A page count its stack sizes on the pod's accelerator is
+    """The fingerprint of the engine the pod runs. A KV block count its stack sizes on the pod's accelerator is
     not sized in an init container (neither the stack nor the accelerator is there): fetch takes the one the
     newest build of this entry, equal in every other input (else the newest at all, so that a miss names the
     inputs that differ, not the count), sized and published; the server pins that count and the guard names

@@ -90,7 +90,7 @@ def model_inputs(entry: Entry) -> dict[str, Any]:
 
 
 def engine_inputs(engine: dict[str, Any]) -> dict[str, Any]:
-    """Every engine argument that can change a graph (``graph_args``) but the page count (it is ``kv_blocks``: an
+    """Every engine argument that can change a graph (``graph_args``) but the KV block count (it is ``kv_blocks``: an
     entry that pins the count the stack sized has the sized entry's fingerprint); a local speculative draft (the
     matrix made its path absolute) known as ``local_model_inputs`` knows the target."""
     args = {k: v for k, v in graph_args(engine).items() if k != kv.OVERRIDE}
@@ -137,7 +137,7 @@ _SIZED = object()
 
 
 def entry_kv_blocks(entry: Entry, environ: dict[str, str] | None = None, *, size: bool = True) -> int | None:
-    """The KV page count the entry pins; None for a runner that pins none. The matrix's override, else the
+    """The KV block count the entry pins; None for a runner that pins none. The matrix's override, else the
     runner's ``kv_blocks``: the stack's own sizing, kept per every other fingerprint input (aotc/kv.py), or its
     rule (by default the full-length one). ``size=False``: never start the stack (an init container has neither
     it nor the accelerator); a sizing not on disk raises ``KvNotSized``."""
@@ -155,7 +155,7 @@ def kv_sizing_key(entry: Entry, environ: dict[str, str]) -> dict[str, Any]:
 
 
 def pin_kv(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: int | None = None) -> Entry:
-    """The entry with its page count written into its engine arguments, as build, verify and the stock
+    """The entry with its KV block count written into its engine arguments, as build, verify and the stock
     server pass it (``kv_blocks``: a count already known, e.g. a manifest's)."""
     blocks = kv_blocks if kv_blocks is not None else entry_kv_blocks(entry, environ)
     if blocks is None or kv.override(entry) == blocks:
@@ -164,7 +164,7 @@ def pin_kv(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: int |
 
 
 def fingerprint_inputs(entry: Entry, environ: dict[str, str] | None = None, kv_blocks: Any = _SIZED) -> dict[str, Any]:
-    """``kv_blocks``: the KV page count when it is known otherwise (the running engine's, a manifest's);
+    """``kv_blocks``: the KV block count when it is known otherwise (the running engine's, a manifest's);
     by default the entry's (aotc/kv.py: the matrix's override, else the stack's sizing)."""
     environ = dict(os.environ if environ is None else environ)
     inputs = {

@@ -359,7 +359,7 @@ def check_cache(cache_dir: str, vllm_config: Any, environ: Mapping[str, str] | N
         return CacheCheck("unreadable", f"cannot read {path}: {exc}; treating the cache as unknown")
     live = dict(os.environ if environ is None else environ)
     environ = launch_environ(live)
-    # the page count this engine was told (None: vLLM sizes it from memory), never one sized here again
+    # the KV block count this engine was told (None: vLLM sizes it from memory), never one sized here again
     ours = fingerprint_inputs(running_entry(vllm_config, manifest, environ, runner=runner, device=device), environ,
                               kv_blocks=vllm_config.cache_config.num_gpu_blocks_override)
     if live_flags:  # what the compiler hashes here: the stack's additions as this process holds them now

@@ -107,8 +107,8 @@ class EngineArgs(BaseModel):
     disable_chunked_mm_input: StrictBool | None = None
     # MoE experts sharded over the tensor-parallel ranks (tpu-inference: its expert-parallel GMM backend)
     enable_expert_parallel: StrictBool | None = None
-    # The KV cache's page count, a shape in every backbone graph; unset: max_num_seqs full-length requests
-    # (+1 null block), pinned the same way for build, verify and the serving flags (aotc/runners/paddings.py).
+    # The KV block count, a shape in every backbone graph; unset: the runner's (its stack's sizing, or its rule),
+    # pinned the same way for build, verify and the serving flags (aotc/fingerprint.py: entry_kv_blocks).
     num_gpu_blocks_override: PositiveInt | None = None
 
 

@@ -56,7 +56,7 @@ class ServerCommand:
 
 def serve_settings(entry: Entry, cache_dir: str, kv_blocks: int | None = None
                    ) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """The runner's engine arguments and env for the stock server, with the matrix's env on top. The KV page
+    """The runner's engine arguments and env for the stock server, with the matrix's env on top. The KV block
     count is pinned as the build pinned it (fingerprint.pin_kv), or to ``kv_blocks`` (the count a build on the pod's
     hardware recorded in its manifest)."""
     from aotc.fingerprint import pin_kv

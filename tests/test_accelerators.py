@@ -17,7 +17,7 @@ ON_A_TPU = {"runner": "vllm-tpu", "device": "tpu"}  # what the vllm-tpu watcher 
 
 
 def tpu_entry(accelerator: str):
-    """The demo entry as built for a TPU (its page count pinned: no TPU here to size it)."""
+    """The demo entry as built for a TPU (its KV block count pinned: no TPU here to size it)."""
     return replace(demo_entry(), device="tpu", accelerator=accelerator, engine={"num_gpu_blocks_override": 65})
 
 

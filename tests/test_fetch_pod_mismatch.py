@@ -1,6 +1,6 @@
 """A pod's init container fetches with the core's venv only, and names what differs from the build:
-XLA flags as JAX hashes them, the pinned KV page count; the runner's venv is not needed (nor is the KV
-page count the stack sized at build: the init container takes the published one)."""
+XLA flags as JAX hashes them, the pinned KV block count; the runner's venv is not needed (nor is the KV
+block count the stack sized at build: the init container takes the published one)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ BUILD = {"AOTC_PYTHON_TPU_INFERENCE": os.environ["AOTC_PYTHON_TPU_INFERENCE"]}
 @pytest.fixture
 def store(tmp_path) -> Path:
     """The store after a build: the artifact under the fingerprint the build computed (its own venv's versions,
-    the KV page count its stack sized)."""
+    the KV block count its stack sized)."""
     fp = fingerprint_entry(load_matrix(DEMO).entry(ENTRY), BUILD)
     artifact = make_artifact(tmp_path / "art", entry=ENTRY, fingerprint=fp.digest, inputs=fp.inputs)
     proc = run_aotc("publish", artifact, "--store", tmp_path / "store")

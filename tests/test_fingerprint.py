@@ -210,7 +210,7 @@ def test_flags_are_hashed_as_jax_hashes_them_duplicates_included():
 
 
 def test_kv_block_count_is_an_input():
-    # (an entry without the override is sized by its stack on its device: tests/vllm_tpu/test_kv_sizing.py)
+    # (an entry without the override is sized by its stack on its device: tests/vllm_tpu/test_kv_size.py)
     assert fingerprint_entry(BASE, ENV).inputs["kv_blocks"] == 2049
     pinned = dataclasses.replace(BASE, engine={**BASE.engine, "num_gpu_blocks_override": 4000})
     assert fingerprint_entry(pinned, ENV).inputs["kv_blocks"] == 4000 and digest(pinned) != digest()
@@ -318,8 +318,8 @@ def kept_sizing(home) -> Path:
 
 
 @pytest.mark.parametrize("kept, trusted", [(4096, True), (True, False), (-7, False), (1e3, False), ("64", False)])
-def test_a_kept_kv_sizing_is_used_only_when_it_is_a_page_count(tmp_path, kept, trusted):
-    """A TPU entry's page count is the stack's to size on a TPU (none here): a valid kept answer is used, an
+def test_a_kept_kv_sizing_is_used_only_when_it_is_a_block_count(tmp_path, kept, trusted):
+    """A TPU entry's KV block count is the stack's to size on a TPU (none here): a valid kept answer is used, an
     invalid one is discarded, so the command asks for a sizing it cannot do here (exit 2)."""
     path = kept_sizing(tmp_path)
     path.parent.mkdir(parents=True)

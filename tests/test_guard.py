@@ -88,7 +88,7 @@ def test_mismatch_names_the_differing_inputs(tmp_path):
     pod = launched(entry, {**ENV, "VLLM_TPU_BUCKET_PADDING_GAP": "64"})
     check = guard.check_cache(str(tmp_path), vllm_config(entry), pod, **TWIN)
     assert check.status == "mismatch"
-    # the published entry pinned another KV page count than the pod's (its stack's sizing), and was built with a
+    # the published entry pinned another KV block count than the pod's (its stack's sizing), and was built with a
     # block size the pod was not given
     assert [d.split(":")[0] for d in check.differences] == ["engine", "engine.block_size",
                                                             "env.VLLM_TPU_BUCKET_PADDING_GAP", "kv_blocks",
@@ -107,7 +107,7 @@ def test_a_pod_sized_differently_is_a_mismatch_naming_kv_blocks(tmp_path):
 
 @pytest.mark.needs_jax
 def test_jax_flags_are_checked_as_the_engine_core_hashes_them(tmp_path):
-    # a pinned page count: this is about flags, not the stack's KV sizing
+    # a pinned KV block count: this is about flags, not the stack's KV sizing
     entry = replace(load_matrix(CONFIGS / "demo-jax.yaml").entries[0], engine={"num_gpu_blocks_override": 64})
     launch = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     write_manifest(tmp_path, entry, launch)
@@ -395,7 +395,7 @@ def start_twin(tmp_path, name, manifest_entry, mode):
     write_manifest(cache, manifest_entry, env, graphs=[GraphRecord(g.family, g.shape_dict)
                                                      for g in plan_entry(manifest_entry).graphs])
     entry_json = tmp_path / f"{name}.json"
-    # the engine pinned as a build and a pod pin it (the page count is a shape in its graphs)
+    # the engine pinned as a build and a pod pin it (the KV block count is a shape in its graphs)
     entry_json.write_text(json.dumps({**pin_kv(entry).to_dict(), "model": entry.model_path}))
     with open(tmp_path / f"{name}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.guard_engine", str(entry_json), str(cache)],

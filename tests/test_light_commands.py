@@ -33,7 +33,7 @@ for argv in {[list(map(str, c)) for c in commands]!r}:
 
 def test_plan_and_fingerprint_import_no_heavy_package():
     example = CONFIGS / "example-tpu.yaml"
-    # the demo's KV page count is its stack's sizing: in a process of its own (kept on disk), never this one
+    # the demo's KV block count is its stack's sizing: in a process of its own (kept on disk), never this one
     demo = CONFIGS / "demo.yaml"
     assert heavy_after(["plan", example], ["plan", example, "--json"],
                        ["fingerprint", demo, "--entry", "tiny-llama--len128-seqs8-tok64-tp1"]) == []

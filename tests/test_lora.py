@@ -29,7 +29,7 @@ def entry(runner="tpu-inference", engine=None, **axes):
     matrix = ", ".join(f"{k}: [{v}]" for k, v in axes.items())
     e = parse_matrix(f"models: [{{name: m, model: {TINY_LLAMA}, runner: {runner}, device: cpu, "
                      f"matrix: {{{matrix}}}}}]").entries[0]
-    # a pinned KV page count: these tests are about LoRA, not the stack's KV sizing
+    # a pinned KV block count: these tests are about LoRA, not the stack's KV sizing
     return replace(e, engine={"num_gpu_blocks_override": 65, **e.engine, **(engine or {})})
 
 

@@ -152,7 +152,7 @@ def served(manifest: str):
 
 
 def built_kv_blocks(entry, server_command: list[str]) -> int:
-    """The page count a build of the entry pins: the matrix's or vllm-tpu's rule; one the stack sizes on the
+    """The KV block count a build of the entry pins: the matrix's or vllm-tpu's rule; one the stack sizes on the
     TPU (tpu-inference) cannot be sized here, and the manifest carries the count such a build recorded."""
     try:
         return entry_kv_blocks(entry, size=False)
@@ -171,7 +171,7 @@ def test_pod_runs_the_stock_server_the_canary_runs(manifest):
     command = vllm["command"]
     expected = serve_command(entry, option(init["command"], "--dest"), int(option(command, "--port")),
                              host=option(command, "--host"), guard=None, kv_blocks=built_kv_blocks(entry, command))
-    assert command == ["vllm", *expected.argv[1:]]  # same flags, KV page count included
+    assert command == ["vllm", *expected.argv[1:]]  # same flags, KV block count included
     env = plain_env(vllm)
     assert {k: env.get(k) for k in expected.env} == expected.env  # None: must be unset
     assert env["AOTC_GUARD"] in ("1", "strict")

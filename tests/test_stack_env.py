@@ -55,7 +55,7 @@ def test_every_variable_the_stack_reads_is_hashed_or_left_out_with_a_reason(runn
 
 
 def pinned_matrix(tmp_path, runner: str, env: str = "{}") -> str:
-    """One CPU-twin entry of the demo's model with its KV page count pinned (no sizing: no engine starts)."""
+    """One CPU-twin entry of the demo's model with its KV block count pinned (no sizing: no engine starts)."""
     path = tmp_path / f"{runner}.yaml"
     path.write_text(f"models: [{{name: m, model: {CONFIGS / 'models' / 'tiny-llama'}, runner: {runner}, device: cpu, "
                     f"accelerator: v6e-1, env: {env}, engine: {{num_gpu_blocks_override: 65}}, matrix: "

@@ -3,7 +3,7 @@ backend's sizing module in the runner's interpreter) and what both runners' sizi
 (stopping vLLM's engine start once the stack has sized its KV cache, the stdin/stdout protocol).
 
 vLLM's ``EngineCore._initialize_kv_caches`` runs the worker's ``determine_available_memory`` and
-``get_kv_cache_configs``, then turns the workers' configs into the scheduler's page count
+``get_kv_cache_configs``, then turns the workers' configs into the scheduler's KV block count
 (``generate_scheduler_kv_cache_config``): that count is the answer, taken before the cache is allocated and
 before any warm-up graph compiles. Imports vLLM only inside functions: runner-side.
 """
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from aotc.runners.spec import RunnerSpec
 
 SIZING_TIMEOUT = 900
-# The engine argument that pins the page count (vLLM's CacheConfig.num_gpu_blocks_override); aotc/kv.py reads it here.
+# The engine argument that pins the block count (vLLM's CacheConfig.num_gpu_blocks_override); aotc/kv.py reads it here.
 OVERRIDE = "num_gpu_blocks_override"
 
 
@@ -69,7 +69,7 @@ def size_in_runner(spec: RunnerSpec, entry: Entry, environ: Mapping[str, str], s
 
 
 def valid_kv_blocks(value: Any) -> bool:
-    """A page count: a positive JSON integer (not true, not 1e3, not -7)."""
+    """A KV block count: a positive JSON integer (not true, not 1e3, not -7)."""
     return type(value) is int and value > 0
 
 
@@ -96,7 +96,7 @@ class Sized(Exception):
 
 
 def stop_when_sized() -> None:
-    """Wrap the engine core's own step that turns the workers' KV configs into the scheduler's page count."""
+    """Wrap the engine core's own step that turns the workers' KV configs into the scheduler's block count."""
     from vllm.v1.engine import core
 
     sized = core.generate_scheduler_kv_cache_config
@@ -108,7 +108,7 @@ def stop_when_sized() -> None:
 
 
 def sized_by(start: Callable[[Callable[[], None]], Any], entry: Entry) -> int:
-    """The page count the stack sizes while ``start(before_start)`` starts its engine in this process
+    """The KV block count the stack sizes while ``start(before_start)`` starts its engine in this process
     (``before_start`` runs once the runner has set the entry's environment, before vLLM is imported)."""
     if entry.engine.get(OVERRIDE):
         raise ValueError(f"the entry pins {OVERRIDE}: nothing to size")

@@ -56,6 +56,6 @@ def req_paddings(min_req_size: int, max_req_size: int) -> list[int]:
     return paddings
 
 
-def full_length_blocks(max_num_seqs: int, max_model_len: int, page_size: int) -> int:
-    """KV pages for every sequence at full length, +1 for the null block vLLM reserves."""
-    return max_num_seqs * cdiv(max_model_len, page_size) + 1
+def full_length_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """KV blocks of ``block_size`` tokens for every sequence at full length, +1 for the null block vLLM reserves."""
+    return max_num_seqs * cdiv(max_model_len, block_size) + 1

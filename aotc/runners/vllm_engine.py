@@ -98,7 +98,7 @@ class VllmEngine:
         return {**self.serving_env(entry, cache_dir, environ), **IN_PROCESS, **self.in_process_env(entry, environ)}
 
     def engine_args(self, entry: Entry, seed: int) -> dict[str, Any]:
-        """The in-process engine's arguments. The KV cache's page count (a shape in every backbone graph) comes
+        """The in-process engine's arguments. The KV block count (a shape in every backbone graph) comes
         pinned in the entry's engine arguments (aotc/fingerprint.py: pin_kv), so build, verify and pods agree."""
         local = self.local_model(entry)
         return entry_engine_args(entry, local or entry.model, bool(local), seed, **self.runner_args(entry))

@@ -1,4 +1,4 @@
-"""Under a runner's interpreter: the KV page count the stack's own functions give an entry at other twin HBM
+"""Under a runner's interpreter: the KV block count the stack's own functions give an entry at other twin HBM
 figures.
 
 stdin: {"runner": "tpu-inference" | "vllm-tpu", "entry": Entry.to_dict(), "hbm_bytes": [int, ...]}. Starts the

@@ -27,7 +27,7 @@ def cache_files(cache_dir: Path) -> set[str]:
 def main() -> None:
     payload = json.load(sys.stdin)
     cache_dir = Path(payload["cache_dir"])
-    # the KV page count the artifact was built for, from its fetched manifest, as a pod's flags pin it
+    # the KV block count the artifact was built for, from its fetched manifest, as a pod's flags pin it
     published = json.loads((cache_dir / "manifest.json").read_text())["inputs"]["kv_blocks"]
     entry = pin_kv(load_matrix(payload["config"]).entry(payload["entry"]), kv_blocks=published)
     args, env = serve_settings(entry, str(cache_dir))

@@ -16,7 +16,7 @@ def demo():
 
 
 def entry():
-    """The demo with a pinned KV page count: these tests vary flags and interpreters, each of which would
+    """The demo with a pinned KV block count: these tests vary flags and interpreters, each of which would
     otherwise cost a KV sizing (an engine start) of its own."""
     return dataclasses.replace(demo(), engine={"num_gpu_blocks_override": 65})
 
@@ -39,7 +39,7 @@ def test_the_runner_interpreter_computes_the_same_digest(jax_env):
     out = subprocess.run([jax_env[PYTHON_ENV], "-c", code, str(REPO / "configs" / "demo-jax.yaml")], env=jax_env,
                          capture_output=True, text=True, check=True).stdout
     there = json.loads(out.strip().splitlines()[-1])
-    here = fingerprint_entry(demo(), jax_env)  # the page count sized once, read from disk on both sides
+    here = fingerprint_entry(demo(), jax_env)  # the KV block count sized once, read from disk on both sides
     assert "twin" in here.inputs
     assert there == [here.digest, here.inputs]
 

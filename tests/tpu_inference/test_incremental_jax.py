@@ -20,7 +20,7 @@ NEW = "tiny-llama-jax--len128-seqs4-tok64-tp1"
 def demo(tmp_path: Path, seqs: str) -> Path:
     text = (REPO / "configs" / "demo-jax.yaml").read_text().replace("./models/tiny-llama", str(MODEL))
     config = tmp_path / f"demo-{seqs.replace(', ', '-')}.yaml"
-    # a pinned KV page count (room for 16 full-length sequences): these builds test reuse and the step grid,
+    # a pinned KV block count (room for 16 full-length sequences): these builds test reuse and the step grid,
     # not the stack's KV sizing, which would cost each new entry an engine start
     text = text.replace("  dtype: bfloat16", "  dtype: bfloat16\n  engine: {num_gpu_blocks_override: 129}")
     config.write_text(text.replace("max_num_seqs: [8]", f"max_num_seqs: [{seqs}]"))

@@ -1,4 +1,4 @@
-"""An entry without num_gpu_blocks_override gets the KV page count tpu-inference's own sizing gives it: the
+"""An entry without num_gpu_blocks_override gets the KV block count tpu-inference's own sizing gives it: the
 worker's determine_available_memory (on the twin: its stated HBM × gpu_memory_utilization) and vLLM's
 get_kv_cache_configs, never a rule of aotc's."""
 
@@ -26,7 +26,7 @@ def demo():
 
 
 @pytest.mark.slow
-def test_unpinned_page_count_is_the_stacks_sizing_of_the_twins_hbm(jax_env):
+def test_unpinned_block_count_is_the_stacks_sizing_of_the_twins_hbm(jax_env):
     entry = demo()
     facts = run_jax(jax_env, FACTS, {"runner": "tpu-inference", "entry": entry.to_dict(),
                                      "hbm_bytes": [twin.DEFAULT_HBM_BYTES, HALF]})

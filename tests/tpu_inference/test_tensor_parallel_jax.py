@@ -19,7 +19,7 @@ MODEL = REPO / "configs" / "models" / "tiny-llama"
 
 
 def matrix_text(tp: int) -> str:
-    # a pinned KV page count: these tests are about the mesh, not the stack's KV sizing
+    # a pinned KV block count: these tests are about the mesh, not the stack's KV sizing
     return f"""defaults: {{runner: tpu-inference, device: cpu, accelerator: v6e-4, dtype: bfloat16,
            engine: {{num_gpu_blocks_override: 65}}}}
 models:

@@ -237,7 +237,7 @@ def test_a_fresh_process_finds_every_key_and_says_the_load_is_unproven(jax_env, 
 
 @pytest.mark.slow
 def test_an_entry_over_the_chips_hbm_fails_the_build_naming_the_graph(jax_env, tmp_path):
-    """A v5e chip has 16 GiB: a KV cache pinned at 600,000 pages of 16 tokens does not fit beside the weights. The TPU
+    """A v5e chip has 16 GiB: a KV cache pinned at 600,000 blocks of 16 tokens does not fit beside the weights. The TPU
     compiler refuses the backbone itself; the build names the graph and says the compiler's words."""
     config = tmp_path / "too-big.yaml"
     config.write_text(DEMO.read_text().replace("./models/tiny-llama", str(REPO / "configs" / "models" / "tiny-llama"))

@@ -1,4 +1,4 @@
-"""An entry without num_gpu_blocks_override gets the KV page count vLLM 0.13's own TPU sizing gives it: the
+"""An entry without num_gpu_blocks_override gets the KV block count vLLM 0.13's own TPU sizing gives it: the
 worker's determine_available_memory (its profiling pass; on the twin torch_xla reports the twin's stated HBM
 with the weights in use) and vLLM's get_kv_cache_configs, never a rule of aotc's."""
 
@@ -23,7 +23,7 @@ HALF = kv_sizer.DEFAULT_HBM_BYTES // 2
 
 
 @pytest.mark.slow
-def test_unpinned_page_count_is_vllms_sizing_of_the_twins_hbm():
+def test_unpinned_block_count_is_vllms_sizing_of_the_twins_hbm():
     entry = load_matrix(REPO / "configs" / "demo.yaml").entries[0]
     request = {"runner": "vllm-tpu", "entry": entry.to_dict(), "hbm_bytes": [kv_sizer.DEFAULT_HBM_BYTES, HALF]}
     proc = subprocess.run([sys.executable, str(FACTS)], input=json.dumps(request), capture_output=True, text=True,

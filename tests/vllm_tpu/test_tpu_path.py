@@ -94,7 +94,7 @@ def test_engine_args_pick_worker_per_device():
     args = engine.engine_args(pin_kv(entry_of()), 3)
     assert args["worker_cls"] == "aotc.runners.vllm_tpu.worker.CpuTwinWorker"
     assert args["load_format"] == "dummy" and args["seed"] == 3 and args["block_size"] == 16
-    # the KV page count the core pins (the stack's sizing of the twin's HBM) reaches the engine
+    # the KV block count the core pins (the stack's sizing of the twin's HBM) reaches the engine
     assert args["num_gpu_blocks_override"] == entry_kv_blocks(entry_of())
 
 

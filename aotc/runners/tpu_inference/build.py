@@ -48,7 +48,7 @@ def target_compiled_for(entry: Entry) -> dict | None:
 
 
 def over_hbm(calls: list[Graph], target: dict) -> str | None:
-    """The first graph whose executable needs more HBM per device than the target's: weights and KV pages are
+    """The first graph whose executable needs more HBM per device than the target's: weights and KV blocks are
     among its arguments, so this is the entry not fitting the accelerator."""
     limit = target["hbm_bytes_per_device"]
     for graph in calls:

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-# Per-device "HBM", all of it free: what the stack's KV sizing fills on the twin (kv_sizer.py), so the page
+# Per-device "HBM", all of it free: what the stack's KV sizing fills on the twin (kv_sizer.py), so the block
 # count it gives an entry is deterministic. Small, as the twin's cache lives in host memory; build, verify
 # and the stock server then pin that count, whatever this says in their process.
 HBM_BYTES_ENV = "AOTC_JAX_CPU_HBM_BYTES"
