@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 from collections import Counter
 from pathlib import Path
@@ -59,14 +60,18 @@ def config(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def expected(config):
+def toy_entry():
+    """ENTRY as the matrix makes it."""
     from aotc.matrix import Entry
 
-    entry = Entry(name=ENTRY, model_name="toy-model", model="org/toy-model", revision="main", runner="toy",
-                  device="cpu", accelerator="v6e-8", dtype="bfloat16", max_model_len=512, max_num_seqs=16,
-                  max_num_batched_tokens=64, tensor_parallel_size=1)
-    return buckets.PLANNER.capture_plan(entry, None)
+    return Entry(name=ENTRY, model_name="toy-model", model="org/toy-model", revision="main", runner="toy",
+                 device="cpu", accelerator="v6e-8", dtype="bfloat16", max_model_len=512, max_num_seqs=16,
+                 max_num_batched_tokens=64, tensor_parallel_size=1)
+
+
+@pytest.fixture(scope="module")
+def expected(config):
+    return buckets.PLANNER.capture_plan(toy_entry(), None)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +129,23 @@ def test_verify_publish_fetch(built, config, expected, tmp_path):
     assert fetched["fingerprint"] == json.loads((artifact / "manifest.json").read_text())["fingerprint"]
     assert sorted(p.name for p in (dest).iterdir() if p.is_file() and p.name != "manifest.json") == sorted(
         f.name for f in (artifact / "cache").iterdir())
+
+
+def test_an_unpinned_entry_gets_the_full_length_rule_in_the_toys_kv_block_size(built, config, tmp_path):
+    """The toy's stack does not size its KV cache (no SizedByStack): an entry that pins no block count gets
+    RunnerSpec.kv_blocks' default, every sequence at max_model_len in blocks of the planner's
+    ``kv_block_size`` tokens, + vLLM's null block; the fingerprint hashes it and the build pins it. A matrix's
+    num_gpu_blocks_override still wins."""
+    entry = toy_entry()
+    full_length = entry.max_num_seqs * math.ceil(entry.max_model_len / buckets.PLANNER.kv_block_size(entry)) + 1
+    assert ok_json("fingerprint", config, "--entry", ENTRY)["inputs"]["kv_blocks"] == full_length
+    artifact, _, _ = built
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["inputs"]["kv_blocks"] == manifest["build"]["entry"]["engine"]["num_gpu_blocks_override"] \
+        == full_length
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(config.read_text().replace("device: cpu}", "device: cpu, engine: {num_gpu_blocks_override: 7}}"))
+    assert ok_json("fingerprint", pinned, "--entry", ENTRY)["inputs"]["kv_blocks"] == 7
 
 
 def test_the_toys_env_var_enters_the_fingerprint(config):
