@@ -16,6 +16,7 @@ from aotc.runners.tpu_inference.plan import buckets, qwen3_vl
 from .conftest import REPO, run_jax
 
 SCRIPT = Path(__file__).with_name("jax_facts.py")
+BLOCK_SIZE_SCRIPT = Path(__file__).with_name("jax_block_size.py")
 
 
 DEMO = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
@@ -516,13 +517,13 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
     import json
     import subprocess
 
-    from aotc.runners.tpu_inference.plan import rules
+    from aotc.runners.tpu_inference.plan import block_size
 
     model = REPO / "configs" / "models" / "tiny-deepseek-v3"
     dp_attention = {"sharding": {"sharding_strategy": {"enable_dp_attention": True}}}
     settings = [("neither", "0", {}), ("design only", "1", {}), ("dp attention only", "0", dp_attention),
                 ("both", "1", dp_attention)]
-    types = [(t, {"kv_lora_rank": 32}) for t in sorted(rules.MLA_MODEL_TYPES)]
+    types = [(t, {"kv_lora_rank": 32}) for t in sorted(block_size.MLA_MODEL_TYPES)]
     types += [(t, {"kv_lora_rank": None}) for t in ("deepseek_v3", "kimi_k2")]
     types += [(t, {"kv_lora_rank": 32}) for t in ("llama", "qwen3_moe", "deepseek", "gpt_oss")]
     types += [("deepseek_v4", {"compress_ratios": [4], "head_dim": dim}) for dim in (64, None)]
@@ -533,13 +534,60 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     for model_type, fields in types:
         vllm_says = facts["is_mla"][json.dumps([model_type, fields])]
-        assert rules.uses_mla({"model_type": model_type, **fields}) == vllm_says, model_type
+        assert block_size.uses_mla({"model_type": model_type, **fields}) == vllm_says, model_type
     for label, design, extra in settings:
         stack_refuses = "MLA models require" in (facts["refused"][label] or "")
         assert stack_refuses == (label != "both"), (label, facts["refused"][label])
         assert_plan_verdict(tmp_path, jax_env, f"model: {model}, env: {{NEW_MODEL_DESIGN: {design}, MODEL_IMPL_TYPE: vllm}}, "
                             f"engine: {{additional_config: {json.dumps(extra)}}}", stack_refuses,
                             "refuses an MLA model unless NEW_MODEL_DESIGN: 1")
+
+
+# (max_model_len, max_num_seqs): around get_page_size's steps and where get_min_page_size passes it
+PAGE_CASES = [[length, seqs] for length in (16, 100, 128, 1000, 2048, 4096, 8192, 8193, 16384, 32768, 131072)
+              for seqs in (1, 8, 100, 256, 1024, 4096)]
+# beside the zoo's: a dense model at many long requests (the SMEM minimum wins), a matrix's own block size
+BLOCK_SIZE_MATRIX = """
+defaults: {runner: tpu-inference, device: cpu, accelerator: v6e-1, dtype: bfloat16, engine: {num_gpu_blocks_override: 65}}
+models:
+  - {name: long, model: MODELS/qwen3-8b, matrix: {max_model_len: [16384], max_num_seqs: [1024],
+                                                  max_num_batched_tokens: [1024]}}
+  - {name: pinned, model: MODELS/tiny-qwen3, engine: {block_size: 64},
+     matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
+"""
+
+
+def planned_block_sizes(jax_env, *args: str) -> dict[str, int]:
+    import json
+
+    from tests.conftest import run_aotc
+
+    plan = run_aotc("plan", "--json", *args, env=jax_env)
+    assert plan.returncode == 0, plan.stderr
+    return {e["entry"]: e["buckets"]["block_size"] for e in json.loads(plan.stdout)["entries"]}
+
+
+def test_plan_reports_the_kv_block_size_tpu_inferences_platform_sets(jax_env, tmp_path):
+    """`aotc plan --json`'s block_size is the one in the engine config the stack builds for the entry
+    (TpuPlatform.check_and_update_config): the MLA backend's for the zoo's DeepSeek V3, a dense model's Pallas
+    page size, raised to get_min_page_size for many long requests, a matrix's block_size as given. The rule
+    equals the backends' own get_page_size / get_min_page_size over a sweep."""
+    from aotc.runners.tpu_inference.plan import block_size
+    from aotc.runners.paddings import page_size
+
+    zoo = REPO / "configs" / "zoo-jax.yaml"
+    names = [e.name for e in load_matrix(zoo).entries if e.name.split("--")[0] in ("deepseek-v3", "qwen3")]
+    matrix = tmp_path / "block-size.yaml"
+    matrix.write_text(BLOCK_SIZE_MATRIX.replace("MODELS", str(REPO / "configs" / "models")))
+    entries = [e for e in load_matrix(zoo).entries if e.name in names] + list(load_matrix(matrix).entries)
+    theirs = run_jax(jax_env, BLOCK_SIZE_SCRIPT, {"entries": [e.to_dict() for e in entries], "pages": PAGE_CASES})
+    planned = planned_block_sizes(jax_env, zoo, *(f"--entry={name}" for name in names))
+    planned |= planned_block_sizes(jax_env, matrix)
+    assert planned == theirs["engine"]
+    assert len(set(planned.values())) == 4  # MLA, dense, SMEM-raised and configured sizes all differ
+    assert block_size.MLA_PAGE_SIZE == theirs["mla_page"]
+    for (length, seqs), (page, minimum) in zip(PAGE_CASES, theirs["pages"]):
+        assert (page_size(length), block_size.min_page_size(length, seqs)) == (page, minimum), (length, seqs)
 
 
 JAX_DEEPSEEK_FACTS = """

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 
 from aotc.graphs import GraphSpec
-from aotc.entry import Entry
+from aotc.entry import Entry, hf_config
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
 from aotc.runners import llava
 from aotc.runners.multimodal import image_step_graphs, is_multimodal
-from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, page_size, req_paddings, token_paddings
+from aotc.runners.paddings import MIN_NUM_SEQS, next_power_of_2, req_paddings, token_paddings
 from aotc.runners.spec import Planner
 from aotc.runners.tpu_inference.plan import gemma4_vision, llama_guard_4, qwen3_vl
+from aotc.runners.tpu_inference.plan.block_size import kv_block_size
 
 MIN_TOKEN_BUCKET = 16  # tpu_inference.envs.MIN_TOKEN_BUCKET default
 MAX_PRECOMPILE_PROMPT_TOKENS = 1024  # compilation_manager._precompile_gather_logprobs
@@ -572,9 +573,11 @@ def implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
 
 
 def bucket_summary(entry: Entry) -> dict:
+    """The buckets, the KV block size and the mesh. The block size depends on the model (an MLA model's
+    backend has its own), so it reads the config the plan read (Planner.bucket_summary takes none)."""
     p = paddings(entry)
     summary = {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
-               "block_size": entry.engine.get("block_size") or page_size(entry.max_model_len), "mesh": mesh(entry)}
+               "block_size": kv_block_size(entry, hf_config(entry)), "mesh": mesh(entry)}
     if "logits" in p:
         summary["logits_paddings"] = p["logits"]
     return summary

@@ -4,6 +4,7 @@ plus tpu-inference's TpuPlatform's. Held against their code by tests/tpu_inferen
 from __future__ import annotations
 
 from aotc.runners import vllm_rules
+from aotc.runners.tpu_inference.plan.block_size import uses_mla
 from aotc.runners.tpu_inference.plan.buckets import DRAFTER_METHODS, additional_config, plan_problems, speculative_config
 
 # tpu_inference.platforms.tpu_platform.TpuPlatform.supported_quantization
@@ -39,23 +40,6 @@ def untied_jax_qwen2(entry, hf_config: dict | None) -> list[str]:
     return ["env.MODEL_IMPL_TYPE: tpu-inference 0.32's JAX Qwen2ForCausalLM cannot build an untied lm_head (it reads "
             "hf_config.text_config.hidden_size, which a Qwen2 config lacks: AttributeError at start-up); set "
             "MODEL_IMPL_TYPE: vllm (vLLM's Qwen2 through torchax)"]
-
-
-# vLLM 0.32's ModelArchConfigConvertorBase.is_deepseek_mla: the text config's model types that take the MLA path
-# when they set kv_lora_rank (a DeepSeek V4 config with compress_ratios: when it sets head_dim)
-MLA_MODEL_TYPES = frozenset({"axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41",
-                             "dots3_note", "deepseek_mtp", "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa",
-                             "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
-                             "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp",
-                             "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp"})
-
-
-def uses_mla(hf_config: dict | None) -> bool:
-    """vLLM's ModelConfig.use_mla for a config (VLLM_MLA_DISABLE is not a matrix key)."""
-    text = (hf_config or {}).get("text_config") or hf_config or {}
-    rank_key = "head_dim" if text.get("model_type") == "deepseek_v4" and "compress_ratios" in text else "kv_lora_rank"
-    return (text.get("model_type") in MLA_MODEL_TYPES and text.get(rank_key) is not None
-            and text.get("is_causal", True) is not False)
 
 
 def mla_settings(entry, hf_config: dict | None) -> list[str]:
