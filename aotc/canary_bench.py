@@ -39,7 +39,9 @@ def run_bench(entry: Entry, command: ServerCommand, work: Path, requests: int, s
             *[x for kv in bench_lengths(entry).items() for x in kv]]
     if len(models) > 1:
         argv += ["--lora-modules", *models]
-    env = {**command.process_env(), "HF_HUB_OFFLINE": "1"}
+    # VLLM_PLUGINS="": a process that only sends requests loads no platform or general plugin (the TPU
+    # platform, the stack's model registry, JAX: about 3 s of CPU of its 17), as a client on another host would.
+    env = {**command.process_env(), "HF_HUB_OFFLINE": "1", "VLLM_PLUGINS": ""}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=max(600, requests * 10))
     (work / "bench.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode or not (work / "bench.json").is_file():
