@@ -12,6 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -414,3 +415,43 @@ def test_a_fetch_whose_store_read_hangs_gives_up_at_its_deadline(slow_store, pro
     [line] = stderr.strip().splitlines()
     assert line.startswith("aotc: error:") and "deadline" in line
     assert os.listdir(dest.parent) == []
+
+
+def test_a_signal_during_the_swap_never_leaves_a_partial_dest(local_url, artifacts, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM may come while the verified artifact is being renamed into dest: dest is then the
+    whole artifact or as it was, never part of it, and no staging dir remains. In-process, with a slow swap
+    patched in (a filesystem whose rename waits cannot be made here): it waits for the staging dir to lose a
+    file (someone removing it under the swap) or 3 s, then swaps."""
+    from aotc import fetch_dest
+    from aotc.fetch import FetchOptions, fetch_before
+
+    art = artifacts(files=random_files(200, seed=3))
+    ok("publish", str(art), "--store", local_url)
+    real_swap, swapping, swapped = fetch_dest.Staging.swap_into_place, threading.Event(), threading.Event()
+
+    def files_in(path):
+        return sum(len(files) for _, _, files in os.walk(path))  # os.walk: a dir removed meanwhile is no error
+
+    def slow_swap(staging):
+        before = files_in(staging.path)
+        swapping.set()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and files_in(staging.path) == before:
+            time.sleep(0.01)
+        try:
+            real_swap(staging)
+        finally:
+            swapped.set()
+
+    def interrupt_the_swap():
+        swapping.wait(60)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(fetch_dest.Staging, "swap_into_place", slow_swap)
+    dest = tmp_path / "pod" / "cache"
+    threading.Thread(target=interrupt_the_swap, daemon=True).start()
+    with sigint_not_ignored(), pytest.raises(KeyboardInterrupt):
+        fetch_before(local_url, str(dest), fingerprint=fp(art), options=FetchOptions(deadline=600))
+    assert swapped.wait(10)
+    left = os.listdir(dest.parent)
+    assert left == [] or (left == [dest.name] and tree(dest) == expected_dest(art)), left
