@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from aotc.errors import DeadlineExceeded
 from aotc.manifest import Manifest
 from aotc.store import ENV_STORE_ENDPOINT, Store
 from tests.conftest import REPO, run_aotc
@@ -417,27 +418,33 @@ def test_a_fetch_whose_store_read_hangs_gives_up_at_its_deadline(slow_store, pro
     assert os.listdir(dest.parent) == []
 
 
-def test_a_signal_during_the_swap_never_leaves_a_partial_dest(local_url, artifacts, tmp_path, monkeypatch):
-    """Ctrl-C or SIGTERM may come while the verified artifact is being renamed into dest: dest is then the
-    whole artifact or as it was, never part of it, and no staging dir remains. In-process, with a slow swap
-    patched in (a filesystem whose rename waits cannot be made here): it waits for the staging dir to lose a
-    file (someone removing it under the swap) or 3 s, then swaps."""
+@pytest.mark.parametrize("stop", ["signal", "deadline"])
+def test_a_stop_during_the_swap_never_leaves_a_partial_dest(local_url, artifacts, tmp_path, monkeypatch, stop):
+    """Ctrl-C, SIGTERM or --deadline may come while the verified artifact is being renamed into dest: dest is
+    then the whole artifact or as it was, never part of it, and no staging dir remains; a deadline lets the
+    swap finish and the fetch return. In-process, with a slow swap patched in (a filesystem whose rename waits
+    cannot be made here): from the stop on, it waits out the abandoning fetch's grace unless the staging dir
+    loses a file (someone removing it under the swap), then swaps."""
     from aotc import fetch_dest
-    from aotc.fetch import FetchOptions, fetch_before
+    from aotc.fetch import ABANDON_GRACE, FetchOptions, fetch_before
 
-    art = artifacts(files=random_files(200, seed=3))
+    art = artifacts(files=random_files(1000, seed=3, low=1, high=64))  # enough that removing them takes a while
     ok("publish", str(art), "--store", local_url)
+    deadline = 600.0 if stop == "signal" else 2.0
     real_swap, swapping, swapped = fetch_dest.Staging.swap_into_place, threading.Event(), threading.Event()
 
-    def files_in(path):
-        return sum(len(files) for _, _, files in os.walk(path))  # os.walk: a dir removed meanwhile is no error
+    def files_in(staging):
+        try:
+            return len(os.listdir(os.path.join(staging.path, "tp1_rank0")))
+        except FileNotFoundError:
+            return 0
 
     def slow_swap(staging):
-        before = files_in(staging.path)
-        swapping.set()
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and files_in(staging.path) == before:
-            time.sleep(0.01)
+        before = files_in(staging)
+        swapping.set()  # the signal comes now; the deadline at its time
+        stopped_at = time.monotonic() if stop == "signal" else max(time.monotonic(), started + deadline)
+        while time.monotonic() < stopped_at + ABANDON_GRACE + 1 and files_in(staging) == before:
+            time.sleep(0.001)
         try:
             real_swap(staging)
         finally:
@@ -449,9 +456,17 @@ def test_a_signal_during_the_swap_never_leaves_a_partial_dest(local_url, artifac
 
     monkeypatch.setattr(fetch_dest.Staging, "swap_into_place", slow_swap)
     dest = tmp_path / "pod" / "cache"
-    threading.Thread(target=interrupt_the_swap, daemon=True).start()
-    with sigint_not_ignored(), pytest.raises(KeyboardInterrupt):
-        fetch_before(local_url, str(dest), fingerprint=fp(art), options=FetchOptions(deadline=600))
-    assert swapped.wait(10)
+    if stop == "signal":
+        threading.Thread(target=interrupt_the_swap, daemon=True).start()
+    started, result = time.monotonic(), None
+    try:
+        with sigint_not_ignored():
+            result = fetch_before(local_url, str(dest), fingerprint=fp(art), options=FetchOptions(deadline=deadline))
+    except (KeyboardInterrupt, DeadlineExceeded) as exc:
+        assert isinstance(exc, KeyboardInterrupt) == (stop == "signal"), exc
+    if swapping.is_set():  # else a host too busy to reach the swap before the deadline: it never swaps
+        assert swapped.wait(10)
     left = os.listdir(dest.parent)
-    assert left == [] or (left == [dest.name] and tree(dest) == expected_dest(art)), left
+    whole = left == [dest.name] and tree(dest) == expected_dest(art)
+    assert left == [] or whole, left
+    assert stop == "signal" or (result is not None) == whole, (result, left)
