@@ -363,8 +363,19 @@ def start_fetch_whose_big_read_hangs(slow_store, proxy, dest: Path, *extra: str)
     proxy.add("stall", match=big, times=1)
     with sigint_not_ignored():
         return subprocess.Popen([sys.executable, "-m", "aotc.cli", "fetch", "--fingerprint", fp(art), "--dest",
-                                 str(dest), "--store", url, *extra], cwd=REPO, env={**os.environ, **QUIET},
+                                 str(dest), "--store", url, *extra], cwd=REPO,
+                                env={**os.environ, **QUIET, "PYTHONFAULTHANDLER": "1"},  # see ``stderr_of``
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def stderr_of(proc: subprocess.Popen, timeout: float) -> str:
+    """``proc``'s stderr once it exited; one still running after ``timeout`` seconds fails the test with its
+    threads' stacks (faulthandler dumps them on SIGABRT), so a hang says where it hangs."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"still running after {timeout:g} s; its threads:\n{proc.communicate(timeout=30)[1]}")
 
 
 @contextmanager
@@ -395,7 +406,7 @@ def test_a_fetch_stopped_by_a_signal_leaves_no_staging_dir(slow_store, proxy, tm
                  "a staging dir with a download in it", timeout=120)
         assert fetch.poll() is None
         fetch.send_signal(sig)
-        _, stderr = fetch.communicate(timeout=60)
+        stderr = stderr_of(fetch, 60)
     finally:
         fetch.kill()
     assert os.listdir(dest.parent) == [], os.listdir(dest.parent)  # the read hung: no artifact, no staging dir
@@ -409,7 +420,7 @@ def test_a_fetch_whose_store_read_hangs_gives_up_at_its_deadline(slow_store, pro
     dest.parent.mkdir()  # a host too busy to reach the download before the deadline still leaves it empty
     fetch = start_fetch_whose_big_read_hangs(slow_store, proxy, dest, "--deadline", "5")
     try:
-        _, stderr = fetch.communicate(timeout=120)
+        stderr = stderr_of(fetch, 120)
     finally:
         fetch.kill()
     assert fetch.returncode == 3, stderr
