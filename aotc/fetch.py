@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aotc.errors import DeadlineExceeded
-from aotc.fetch_dest import Staging, prepare_dest, real_dest, recover_interrupted_swap, remove_staging
+from aotc.fetch_dest import Cancel, Staging, prepare_dest, real_dest, recover_interrupted_swap, remove_staging
 from aotc.fetch_download import CHUNK_SIZE, DEFAULT_WORKERS, Download, LazyStore
 from aotc.fetch_manifest import cached_manifest, resolve_manifest
 from aotc.fetch_node_cache import ThroughNodeCache, lock_stall_for, make_room, settle
@@ -71,9 +71,9 @@ class FetchOptions:
 
 def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | None = None,
                    options: FetchOptions = FetchOptions(), store: Store | None = None,
-                   cancel: threading.Event | None = None) -> FetchResult:
-    """``entry`` is a matrix entry (its fingerprint is computed for this environment) or None. ``cancel`` set
-    before the swap leaves dest as it was (a caller that gave up, see ``fetch_before``)."""
+                   cancel: Cancel | None = None) -> FetchResult:
+    """``entry`` is a matrix entry (its fingerprint is computed for this environment) or None. ``cancel``: a
+    caller that gives up (``fetch_before``) leaves dest as it was, or whole when the swap came first."""
     started = time.monotonic()
     cache = options.cache
     dest = real_dest(dest)
@@ -95,9 +95,7 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
             download = new_download(store or LazyStore(url), manifest, staging.path, meter, options, cache, cancel)
             download.run()
             write_new(os.path.join(staging.path, MANIFEST_NAME), manifest.to_json().encode())
-            if cancel is not None and cancel.is_set():
-                raise DeadlineExceeded("fetch cancelled before placing the artifact")
-            staging.swap_into_place()
+            (cancel or Cancel()).swap(staging)
             placed = True
     finally:
         meter.close()
@@ -112,7 +110,7 @@ def fetch_artifact(url: str, dest: str, entry: Any = None, fingerprint: str | No
 
 
 def new_download(store: Store, manifest: Manifest, root: str, meter: Meter, options: FetchOptions,
-                 cache: NodeCache | None, cancel: threading.Event | None) -> Download:
+                 cache: NodeCache | None, cancel: Cancel | None) -> Download:
     """Straight from the store, or through the node cache when there is one."""
     if cache is None:
         return Download(store, manifest, root, meter, options.workers, options.chunk_size)
@@ -125,10 +123,11 @@ def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None
     """``fetch_artifact`` that gives up after ``options.deadline`` seconds with DeadlineExceeded.
 
     The fetch runs on a daemon thread; one that is stalled in the store's retries (or interrupted by a
-    signal) is abandoned: told not to swap, its staging dir removed, so dest stays as it was. The caller
-    should exit the process soon after (the abandoned thread's pools would otherwise be joined at exit).
+    signal) is abandoned: told not to swap, its staging dir removed, so dest stays as it was (or is the whole
+    artifact, when its swap came first). The caller should exit the process soon after, without joining
+    threads (the abandoned thread's pools would be joined at exit).
     """
-    cancel = threading.Event()
+    cancel, finished = Cancel(), threading.Event()
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -136,26 +135,31 @@ def fetch_before(url: str, dest: str, entry: Any = None, fingerprint: str | None
             box["result"] = fetch_artifact(url, dest, entry, fingerprint, options, cancel=cancel)
         except BaseException as exc:  # handed to the caller's thread below
             box["error"] = exc
+        finally:
+            finished.set()
 
-    worker = threading.Thread(target=run, name="aotc-fetch", daemon=True)
-    worker.start()
+    # waits on ``finished``, not on the thread: a join that a signal interrupts marks the thread as ended
+    # (CPython 3.11), and the grace below would not wait at all
     try:
-        worker.join(min(options.deadline, threading.TIMEOUT_MAX))  # a longer wait (1e308 s) is a wait without end
+        threading.Thread(target=run, name="aotc-fetch", daemon=True).start()
+        finished.wait(min(options.deadline, threading.TIMEOUT_MAX))  # a longer wait (1e308 s) is a wait without end
     except BaseException:  # SIGTERM or Ctrl-C while waiting: the abandoned fetch leaves nothing behind
-        abandon(worker, cancel, dest)
+        abandon(cancel, finished, dest)
         raise
-    if worker.is_alive():
-        abandon(worker, cancel, dest)
+    if not finished.is_set() and abandon(cancel, finished, dest):
         raise DeadlineExceeded(f"{url} did not deliver the artifact within the {options.deadline:g} s "
                                "deadline (fetch --deadline)")
+    finished.wait()  # swapped in just before the deadline: what is left is local (the node cache's upkeep)
     if "error" in box:
         raise box["error"]
     return box["result"]
 
 
-def abandon(worker: threading.Thread, cancel: threading.Event, dest: str) -> None:
-    """Tell a fetch thread not to swap, give it a moment to clean up after itself, then remove its staging
-    dir here (a thread stalled in the store's retries never gets to): dest stays as it was."""
-    cancel.set()
-    worker.join(ABANDON_GRACE)
+def abandon(cancel: Cancel, finished: threading.Event, dest: str) -> bool:
+    """Tell the fetch thread not to swap (a swap under way finishes first), give it a moment to clean up
+    after itself, then remove its staging dir here (a thread stalled in the store's retries never gets to).
+    True when dest stayed as it was."""
+    kept = cancel.give_up()
+    finished.wait(ABANDON_GRACE)
     remove_staging(dest)
+    return kept

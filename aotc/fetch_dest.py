@@ -9,15 +9,15 @@ import errno
 import os
 import shutil
 import tempfile
+import threading
 from typing import Any
 
-from aotc.errors import BadInput, IntegrityError
+from aotc.errors import BadInput, DeadlineExceeded, IntegrityError
 from aotc.files import OLD_SUFFIX, recover_swap, remove_quietly, replace_dir
 from aotc.manifest import MANIFEST_NAME, Manifest, check_relative_path
 from aotc.store import SHA256_HEX
 
 STAGING_MARK = ".aotc-staging-"
-
 
 
 def real_dest(dest: str) -> str:
@@ -184,3 +184,31 @@ class Staging:
                 raise BadInput(f"{self.dest}: cannot be replaced by rename ({exc.strerror}); "
                                "is it a mount point? fetch into a subdirectory of it") from exc
             raise
+
+
+class Cancel:
+    """A caller giving up on a fetch (``fetch_before``: a signal, the deadline), and the fetch's swap: each
+    excludes the other. Once ``give_up`` returns, dest is either the whole new artifact or as it was and stays
+    so; the caller may then remove the staging dir and exit at once, never in the middle of a swap (a staging
+    dir removed while it is renamed into dest would leave dest partial)."""
+
+    def __init__(self) -> None:
+        self._given_up = threading.Event()
+        self._swap = threading.Lock()
+        self._swapped = False
+
+    def is_set(self) -> bool:
+        return self._given_up.is_set()
+
+    def give_up(self) -> bool:
+        """True when dest stays as it was; False when the artifact was swapped in before this call."""
+        with self._swap:
+            self._given_up.set()
+            return not self._swapped
+
+    def swap(self, staging: Staging) -> None:
+        with self._swap:
+            if self._given_up.is_set():
+                raise DeadlineExceeded("fetch cancelled before placing the artifact")
+            staging.swap_into_place()
+            self._swapped = True

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 
 from aotc.errors import DeadlineExceeded, IntegrityError
+from aotc.fetch_dest import Cancel
 from aotc.fetch_download import ATTEMPTS, Download, StoreObject
 from aotc.files import remove_quietly
 from aotc.manifest import Manifest
@@ -66,7 +66,7 @@ class ThroughNodeCache(Download):
     """``Download`` whose objects come from the node cache, filled from the store when it lacks one."""
 
     def __init__(self, store: Store, manifest: Manifest, root: str, meter: Meter, workers: int, chunk: int,
-                 cache: NodeCache, cancel: threading.Event | None = None, lock_stall: float = LOCK_STALL):
+                 cache: NodeCache, cancel: Cancel | None = None, lock_stall: float = LOCK_STALL):
         super().__init__(store, manifest, root, meter, workers, chunk)
         self.cache: NodeCache | None = cache  # None once it proved unusable: the store serves the rest
         self.cancel, self.lock_stall = cancel, lock_stall

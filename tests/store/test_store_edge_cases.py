@@ -12,12 +12,16 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from aotc.errors import DeadlineExceeded
 from aotc.manifest import Manifest
 from aotc.store import ENV_STORE_ENDPOINT, Store
 from tests.conftest import REPO, run_aotc
@@ -351,29 +355,129 @@ def test_11_a_kill_inside_the_fallback_swap_loses_nothing(local_url, artifacts, 
     assert tree(dest) == expected_dest(new) and os.listdir(dest.parent) == ["xla"]
 
 
-@pytest.mark.parametrize("sig, extra", [(signal.SIGTERM, ()), (signal.SIGTERM, ("--optional",)),
-                                        (signal.SIGINT, ("--deadline", "600"))],
-                         ids=["sigterm", "sigterm-optional", "sigint-deadline"])
-def test_a_fetch_stopped_by_a_signal_leaves_no_staging_dir(slow_store, proxy, tmp_path, sig, extra):
-    """A pod deleted mid-fetch (SIGTERM), or Ctrl-C: the staging dir beside dest goes with the process, in
-    the main thread's fetch and in the deadline's (--optional, --deadline) alike; dest stays as it was."""
+def start_fetch_whose_big_read_hangs(slow_store, proxy, dest: Path, *extra: str) -> subprocess.Popen:
+    """``aotc fetch`` of slow_store's artifact with one ranged read of its big object hanging (the proxy's
+    stall): the fetch is mid-download for as long as the test likes, however loaded the host."""
     url, _, art = slow_store
-    proxy.latency = 1.0  # each ranged read waits: the fetch is mid-download for a while
-    dest = tmp_path / "pod" / "cache"
-    fetch = subprocess.Popen([sys.executable, "-m", "aotc.cli", "fetch", "--fingerprint", fp(art), "--dest", str(dest),
-                              "--store", url, *extra], cwd=REPO, env={**os.environ, **QUIET},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    big = next(f.sha256 for f in Manifest.load(art).files if f.path == "tp1_rank0/big")
+    proxy.add("stall", match=big, times=1)
+    with sigint_not_ignored():
+        return subprocess.Popen([sys.executable, "-m", "aotc.cli", "fetch", "--fingerprint", fp(art), "--dest",
+                                 str(dest), "--store", url, *extra], cwd=REPO,
+                                env={**os.environ, **QUIET, "PYTHONFAULTHANDLER": "1"},  # see ``stderr_of``
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def stderr_of(proc: subprocess.Popen, timeout: float) -> str:
+    """``proc``'s stderr once it exited; one still running after ``timeout`` seconds fails the test with its
+    threads' stacks (faulthandler dumps them on SIGABRT), so a hang says where it hangs."""
     try:
-        staging = wait_for(lambda: [p for p in dest.parent.glob(f".{dest.name}.aotc-staging-*") if any(p.rglob("*"))],
-                           "a staging dir with a download in it", timeout=120)
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"still running after {timeout:g} s; its threads:\n{proc.communicate(timeout=30)[1]}")
+
+
+@contextmanager
+def sigint_not_ignored() -> Iterator[None]:
+    """A child inherits an ignored SIGINT (pytest started as a shell's background job ignores it, and so would
+    the fetch, which then never sees the test's Ctrl-C); a handled one is the default again after exec."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig, extra", [(signal.SIGTERM, ()), (signal.SIGTERM, ("--optional",)),
+                                        (signal.SIGINT, ("--deadline", "600")), (signal.SIGINT, ())],
+                         ids=["sigterm", "sigterm-optional", "sigint-deadline", "sigint"])
+def test_a_fetch_stopped_by_a_signal_leaves_no_staging_dir(slow_store, proxy, tmp_path, sig, extra):
+    """A pod deleted mid-fetch (SIGTERM), or Ctrl-C, while a store read hangs: the process exits at once, and
+    the staging dir beside dest goes with it, in the main thread's fetch and in the deadline's (--optional,
+    --deadline) alike; dest stays as it was."""
+    dest = tmp_path / "pod" / "cache"
+    fetch = start_fetch_whose_big_read_hangs(slow_store, proxy, dest, *extra)
+    try:
+        wait_for(lambda: [p for p in dest.parent.glob(f".{dest.name}.aotc-staging-*") if any(p.rglob("*"))],
+                 "a staging dir with a download in it", timeout=120)
         assert fetch.poll() is None
         fetch.send_signal(sig)
-        _, stderr = fetch.communicate(timeout=60)
+        stderr = stderr_of(fetch, 60)
     finally:
         fetch.kill()
-    assert not any(p.exists() for p in staging)
-    # dest as it was (absent), or, when the download finished and swapped in just as the signal came (seen once on a
-    # loaded 2-core host), the whole verified artifact: never a partial one
-    left = os.listdir(dest.parent)
-    assert left == [] or (left == [dest.name] and tree(dest) == expected_dest(art)), left
+    assert os.listdir(dest.parent) == [], os.listdir(dest.parent)  # the read hung: no artifact, no staging dir
     assert fetch.returncode == 128 + sig and stderr.strip() == "aotc: interrupted", (fetch.returncode, stderr)
+
+
+def test_a_fetch_whose_store_read_hangs_gives_up_at_its_deadline(slow_store, proxy, tmp_path):
+    """No signal: --deadline alone ends a fetch stuck in a store read, the documented way (3, one line), with
+    nothing left beside dest."""
+    dest = tmp_path / "pod" / "cache"
+    dest.parent.mkdir()  # a host too busy to reach the download before the deadline still leaves it empty
+    fetch = start_fetch_whose_big_read_hangs(slow_store, proxy, dest, "--deadline", "5")
+    try:
+        stderr = stderr_of(fetch, 120)
+    finally:
+        fetch.kill()
+    assert fetch.returncode == 3, stderr
+    [line] = stderr.strip().splitlines()
+    assert line.startswith("aotc: error:") and "deadline" in line
+    assert os.listdir(dest.parent) == []
+
+
+@pytest.mark.parametrize("stop", ["signal", "deadline"])
+def test_a_stop_during_the_swap_never_leaves_a_partial_dest(local_url, artifacts, tmp_path, monkeypatch, stop):
+    """Ctrl-C, SIGTERM or --deadline may come while the verified artifact is being renamed into dest: dest is
+    then the whole artifact or as it was, never part of it, and no staging dir remains; a deadline lets the
+    swap finish and the fetch return. In-process, with a slow swap patched in (a filesystem whose rename waits
+    cannot be made here): from the stop on, it waits out the abandoning fetch's grace unless the staging dir
+    loses a file (someone removing it under the swap), then swaps."""
+    from aotc import fetch_dest
+    from aotc.fetch import ABANDON_GRACE, FetchOptions, fetch_before
+
+    art = artifacts(files=random_files(1000, seed=3, low=1, high=64))  # enough that removing them takes a while
+    ok("publish", str(art), "--store", local_url)
+    deadline = 600.0 if stop == "signal" else 2.0
+    real_swap, swapping, swapped = fetch_dest.Staging.swap_into_place, threading.Event(), threading.Event()
+
+    def files_in(staging):
+        try:
+            return len(os.listdir(os.path.join(staging.path, "tp1_rank0")))
+        except FileNotFoundError:
+            return 0
+
+    def slow_swap(staging):
+        before = files_in(staging)
+        swapping.set()  # the signal comes now; the deadline at its time
+        stopped_at = time.monotonic() if stop == "signal" else max(time.monotonic(), started + deadline)
+        while time.monotonic() < stopped_at + ABANDON_GRACE + 1 and files_in(staging) == before:
+            time.sleep(0.001)
+        try:
+            real_swap(staging)
+        finally:
+            swapped.set()
+
+    def interrupt_the_swap():
+        swapping.wait(60)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(fetch_dest.Staging, "swap_into_place", slow_swap)
+    dest = tmp_path / "pod" / "cache"
+    if stop == "signal":
+        threading.Thread(target=interrupt_the_swap, daemon=True).start()
+    started, result = time.monotonic(), None
+    try:
+        with sigint_not_ignored():
+            result = fetch_before(local_url, str(dest), fingerprint=fp(art), options=FetchOptions(deadline=deadline))
+    except (KeyboardInterrupt, DeadlineExceeded) as exc:
+        assert isinstance(exc, KeyboardInterrupt) == (stop == "signal"), exc
+    if swapping.is_set():  # else a host too busy to reach the swap before the deadline: it never swaps
+        assert swapped.wait(10)
+    left = os.listdir(dest.parent)
+    whole = left == [dest.name] and tree(dest) == expected_dest(art)
+    assert left == [] or whole, left
+    assert stop == "signal" or (result is not None) == whole, (result, left)
