@@ -19,6 +19,12 @@ from tests.conftest import launch_environ
 REPO = Path(__file__).resolve().parents[2]
 JAX_LOCK = REPO / "requirements" / "jax.lock"
 PYTHON_ENV = "AOTC_PYTHON_TPU_INFERENCE"
+FIND_STACK = """
+import importlib.util, sys
+missing = [name for name in ("aotc.runners.tpu_inference.plugin", "tpu_inference", "jax", "vllm")
+           if importlib.util.find_spec(name) is None]
+sys.exit(f"not found: {', '.join(missing)}" if missing else 0)
+"""
 
 
 def jax_python() -> Path:
@@ -36,10 +42,10 @@ def jax_env() -> dict[str, str]:
     if not python.is_file():
         pytest.fail(f"the JAX venv is missing ({python} does not exist): run `make env-jax`, or set {PYTHON_ENV} "
                     "to a Python 3.12 with requirements/jax.lock and aotc installed", pytrace=False)
-    probe = subprocess.run([str(python), "-c", "import aotc.runners.tpu_inference.plugin, tpu_inference"],
-                           capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu",
-                                                                               "TPU_ACCELERATOR_TYPE": "v6e-1",
-                                                                               "TPU_NAME": "t", "TPU_WORKER_ID": "0"})
+    # finds the modules without importing the stack (an import of JAX and vLLM costs 13 to 17 s per xdist
+    # worker); a broken install of what it finds fails the first test that runs it, with its stderr
+    probe = subprocess.run([str(python), "-c", FIND_STACK], capture_output=True, text=True, timeout=120,
+                           env=os.environ)
     if probe.returncode:
         pytest.fail(f"the JAX venv at {python} cannot import aotc and tpu_inference (run `make env-jax`): "
                     f"{probe.stderr.strip().splitlines()[-1:]}", pytrace=False)

@@ -15,8 +15,13 @@ from aotc.runners.tpu_inference.plan import buckets, qwen3_vl
 
 from .conftest import REPO, run_jax
 
-SCRIPT = Path(__file__).with_name("jax_facts.py")
+SCRIPTS = Path(__file__).with_name("jax_scripts.py")
 BLOCK_SIZE_SCRIPT = Path(__file__).with_name("jax_block_size.py")
+MODELS = REPO / "configs" / "models"
+UNTIED_QWEN2 = MODELS / "tiny-qwen2"
+DFLASH_TARGETS = [[str(MODELS / name), tied] for name in ("tiny-qwen3", "tiny-gemma4", "tiny-llama")
+                  for tied in (False, True)]
+REAL_FORMATS = ["auto", "safetensors", "runai_streamer"]
 
 
 DEMO = load_matrix(REPO / "configs" / "demo-jax.yaml").entries[0]
@@ -43,9 +48,33 @@ DRAFTS = ("Qwen3_5MoeMTP", "Qwen3_5MTP", "MiMoMTP", "Eagle3LlamaForCausalLM", "D
 
 
 @pytest.fixture(scope="module")
-def facts(jax_env):
-    return run_jax(jax_env, SCRIPT, {"paddings": sweep(), "scheduler": scheduler_sweep(),
-                                     "architectures": [*DRAFT_TARGETS, *DRAFTS]})
+def stack(jax_env) -> dict[str, dict]:
+    """The answers of the stack's helper scripts that share one process (jax_scripts.py), by script; jax_facts.py
+    first (it reads the launch flags before the stack's import adds to them). Each of these runs alone:
+    jax_capture.py (`captured`) sets the CPU device count in XLA_FLAGS before JAX starts, which jax_facts.py reads
+    as a launch flag, and replaces CompilationManager._run_compilation; jax_block_size.py and MLA_FACTS build
+    engine configs, which load aotc's plugin under the environment they set (a device-cpu entry's
+    AOTC_CPU_TWIN=1 installs the twin, which refuses a process that already imported the stack's modules, and
+    NEW_MODEL_DESIGN stays set for what follows)."""
+    payloads = stack_payloads()
+    answers = run_jax(jax_env, SCRIPTS, {"runs": list(payloads.items())})["answers"]
+    return dict(zip(payloads, answers))
+
+
+def stack_payloads() -> dict[str, dict]:
+    """Each script's payload, in the order they run."""
+    return {"jax_facts.py": {"paddings": sweep(), "scheduler": scheduler_sweep(),
+                             "architectures": [*DRAFT_TARGETS, *DRAFTS]},
+            "jax_async_methods.py": {},
+            "jax_dummy_weights.py": {"formats": REAL_FORMATS + ["dummy", "jax_dummy"]},
+            "jax_dflash_heads.py": {"targets": DFLASH_TARGETS},
+            "jax_untied_qwen2.py": {"model": str(UNTIED_QWEN2)},
+            "jax_deepseek_v3.py": {"constants": sorted(deepseek_v3_constants()), "v3_config": deepseek_v3_config()}}
+
+
+@pytest.fixture(scope="module")
+def facts(stack):
+    return stack["jax_facts.py"]
 
 
 def test_a_draft_resolves_to_the_implementation_the_rule_says(facts):
@@ -232,10 +261,10 @@ def test_feature_plans_follow_the_engines_order(captured):
         assert list(dict.fromkeys(ours)) == stack, case
 
 
-def test_async_scheduling_resolves_as_vllm_does(jax_env):
+def test_async_scheduling_resolves_as_vllm_does(stack):
     """Unset, vLLM keeps async scheduling on except for a speculative method it cannot run with (ngram): its own
     method types, read under the JAX venv."""
-    theirs = run_jax(jax_env, CAPTURE.with_name("jax_async_methods.py"), {})
+    theirs = stack["jax_async_methods.py"]
     base = entry_for(8, 64, 0, 2)
     for method in theirs["methods"]:
         entry = type(base)(**{**base.to_dict(), "engine": {"speculative_config": {"method": method}}})
@@ -400,28 +429,14 @@ def assert_plan_verdict(tmp_path, jax_env, model_fields: str, refused: bool, *re
         assert len(plan.stderr.strip().splitlines()) == 1, plan.stderr
 
 
-UNTIED_QWEN2 = """
-import inspect, json
-from transformers import AutoConfig
-from tpu_inference.models.jax.qwen2 import Qwen2ForCausalLM
-config = AutoConfig.from_pretrained({model!r})
-print(json.dumps({{"reads_text_config": "hf_config.text_config.hidden_size" in inspect.getsource(Qwen2ForCausalLM.__init__),
-                  "has_text_config": hasattr(config, "text_config"), "tied": config.tie_word_embeddings}}))
-"""
 
 
-def test_untied_jax_qwen2_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_path):
+def test_untied_jax_qwen2_refusal_is_tpu_inferences_own_breakage(jax_env, stack, tmp_path):
     """tpu-inference 0.32's JAX Qwen2 reads hf_config.text_config for an untied lm_head, which a Qwen2 config
     lacks: an untied Qwen2 on its JAX path is refused at plan (exit 2, one line, naming MODEL_IMPL_TYPE), tied
     or through vLLM's model it plans. When the stack fixes it, the first assertion fails and the rule goes."""
-    import json
-    import subprocess
-
-    model = REPO / "configs" / "models" / "tiny-qwen2"
-    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", UNTIED_QWEN2.format(model=str(model))],
-                          capture_output=True, text=True, timeout=600, env={**jax_env, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    model = UNTIED_QWEN2
+    facts = stack["jax_untied_qwen2.py"]
     assert facts == {"reads_text_config": True, "has_text_config": False, "tied": False}
     for extra, refused in (("", True), (", engine: {hf_overrides: {tie_word_embeddings: true}}", False),
                            (", env: {MODEL_IMPL_TYPE: vllm}", False)):
@@ -429,7 +444,7 @@ def test_untied_jax_qwen2_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_pa
                             "JAX Qwen2ForCausalLM cannot build an untied lm_head", "MODEL_IMPL_TYPE: vllm")
 
 
-def test_dflash_untied_target_refusal_is_tpu_inferences_own_breakage(jax_env, tmp_path):
+def test_dflash_untied_target_refusal_is_tpu_inferences_own_breakage(jax_env, stack, tmp_path):
     """tpu-inference 0.32's DFlash drafter shares its target's lm_head through a lookup that, on an untied JAX
     Qwen3 or Gemma 4, finds the head module instead of a parameter and dies reading its value. The rule's
     architectures are exactly those where the stack's own lookup finds a module, and only when untied (Llama
@@ -437,17 +452,14 @@ def test_dflash_untied_target_refusal_is_tpu_inferences_own_breakage(jax_env, tm
     it plans. When the stack fixes its lookup, the first assertion fails and the rule goes."""
     from aotc.runners.tpu_inference.plan.rules import JAX_HEAD_MODULE_TIED_BY_DEFAULT
 
-    models = REPO / "configs" / "models"
-    targets = [[str(models / name), tied] for name in ("tiny-qwen3", "tiny-gemma4", "tiny-llama")
-               for tied in (False, True)]
-    heads = run_jax(jax_env, CAPTURE.with_name("jax_dflash_heads.py"), {"targets": targets})["heads"]
+    heads = stack["jax_dflash_heads.py"]["heads"]
     assert {h["architecture"] for h in heads} >= set(JAX_HEAD_MODULE_TIED_BY_DEFAULT)
     for head in heads:
         refused_by_rule = head["architecture"] in JAX_HEAD_MODULE_TIED_BY_DEFAULT and not head["tied"]
         assert head["head_is_module"] == refused_by_rule, head
-    dflash = f"speculative_config: {{method: dflash, model: {models / 'tiny-qwen3-dflash'}, num_speculative_tokens: 2}}"
+    dflash = f"speculative_config: {{method: dflash, model: {MODELS / 'tiny-qwen3-dflash'}, num_speculative_tokens: 2}}"
     for target, refused in (("tiny-qwen3", True), ("tiny-qwen3-tied", False)):
-        assert_plan_verdict(tmp_path, jax_env, f"model: {models / target}, engine: {{{dflash}}}", refused,
+        assert_plan_verdict(tmp_path, jax_env, f"model: {MODELS / target}, engine: {{{dflash}}}", refused,
                             "DFlash drafter cannot share the lm_head of an untied JAX Qwen3ForCausalLM")
 
 
@@ -567,6 +579,20 @@ def planned_block_sizes(jax_env, *args: str) -> dict[str, int]:
     return {e["entry"]: e["buckets"]["block_size"] for e in json.loads(plan.stdout)["entries"]}
 
 
+def deepseek_v3_constants() -> dict[str, int]:
+    """The JAX DeepSeek V3 module constants the rule copies, by name."""
+    from aotc.runners.tpu_inference.plan.rules import JAX_DEEPSEEK_V3_CONSTANTS
+
+    return {name: value for name, (_, value) in JAX_DEEPSEEK_V3_CONSTANTS.items() if name is not None}
+
+
+def deepseek_v3_config() -> list[list]:
+    """A V3-sized config: each constant's config key and value."""
+    from aotc.runners.tpu_inference.plan.rules import JAX_DEEPSEEK_V3_CONSTANTS
+
+    return [[key, value] for key, value in JAX_DEEPSEEK_V3_CONSTANTS.values()]
+
+
 def test_plan_reports_the_kv_block_size_tpu_inferences_platform_sets(jax_env, tmp_path):
     """`aotc plan --json`'s block_size is the one in the engine config the stack builds for the entry
     (TpuPlatform.check_and_update_config): the MLA backend's for the zoo's DeepSeek V3, a dense model's Pallas
@@ -590,40 +616,17 @@ def test_plan_reports_the_kv_block_size_tpu_inferences_platform_sets(jax_env, tm
         assert (page_size(length), block_size.min_page_size(length, seqs)) == (page, minimum), (length, seqs)
 
 
-JAX_DEEPSEEK_FACTS = """
-import inspect, json, sys
-from tpu_inference.models.jax import deepseek_v3
-from aotc.runners.tpu_inference.twin.deepseek import config_sizes
-constants = json.loads(sys.argv[1])
-v3_config = {key: value for key, value in json.loads(sys.argv[2])}
-print(json.dumps({"constants": {name: getattr(deepseek_v3, name) for name in constants},
-                  "twin_reads": config_sizes(v3_config),
-                  "topk_groups_literal": "topk_groups=4," in inspect.getsource(deepseek_v3.DeepseekV2Moe.__init__),
-                  "asserts_quantization": "assert self.quant_config is not None"
-                                          in inspect.getsource(deepseek_v3.MLAEinsum.load_weights)}))
-"""
 
 
-def test_jax_deepseek_v3_rule_is_the_stacks_own_code(jax_env, tmp_path):
+def test_jax_deepseek_v3_rule_is_the_stacks_own_code(jax_env, stack, tmp_path):
     """tpu-inference 0.32's JAX DeepSeek V3 reads DeepSeek V3's sizes from its module constants, routes over a
     literal 4 groups and loads only an FP8 checkpoint: the rule's copy of the constants is the module's, the
     twin reads them from a V3-sized config unchanged (its substitution is a no-op for V3), and the plan refuses
     (exit 2, one line, naming MODEL_IMPL_TYPE: vllm) a bf16 checkpoint, other sizes on a TPU and another group
     top-k anywhere; the tiny FP8 config plans on the twin, and vLLM's model plans the bf16 one. When the stack
     reads its config, the first assertion fails and the rule goes."""
-    import json
-    import subprocess
-
-    from aotc.runners.tpu_inference.plan.rules import JAX_DEEPSEEK_V3_CONSTANTS
-
-    constants = {name: value for name, (_, value) in JAX_DEEPSEEK_V3_CONSTANTS.items() if name is not None}
-    v3_config = [[key, value] for key, value in JAX_DEEPSEEK_V3_CONSTANTS.values()]
-    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", JAX_DEEPSEEK_FACTS, json.dumps(sorted(constants)),
-                           json.dumps(v3_config)], capture_output=True, text=True, timeout=600,
-                          env={**jax_env, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert facts == {"constants": constants, "twin_reads": constants, "topk_groups_literal": True,
+    facts = stack["jax_deepseek_v3.py"]
+    assert facts == {"constants": deepseek_v3_constants(), "twin_reads": deepseek_v3_constants(), "topk_groups_literal": True,
                      "asserts_quantization": True}
     models = REPO / "configs" / "models"
     mla = "additional_config: {sharding: {sharding_strategy: {enable_dp_attention: true}}}"
@@ -639,16 +642,14 @@ def test_jax_deepseek_v3_rule_is_the_stacks_own_code(jax_env, tmp_path):
         assert_plan_verdict(tmp_path, jax_env, fields + env + engine, refused, reason, "MODEL_IMPL_TYPE: vllm")
 
 
-def test_dummy_weight_fix_acts_on_dummy_formats_only(jax_env):
+def test_dummy_weight_fix_acts_on_dummy_formats_only(stack):
     """aotc's plugin rewrites the load format tpu-inference's _get_nnx_model sees: "dummy" becomes the stack's
     own "jax_dummy" before an iterator-loaded model is built (its JAX DeepSeek V3 refuses "dummy"), and a
     self-loaded draft after an iterator-loaded target sees "dummy" again (DFlash). Any format a server with real
     weights starts with passes through untouched, inside the call and after it."""
-    real = ["auto", "safetensors", "runai_streamer"]
-    seen = run_jax(jax_env, CAPTURE.with_name("jax_dummy_weights.py"), {"formats": real + ["dummy", "jax_dummy"]})
-    for case in seen["seen"]:
+    for case in stack["jax_dummy_weights.py"]["seen"]:
         fmt, iterator, draft = case["format"], case["iterator"], case["draft"]
-        if fmt in real:
+        if fmt in REAL_FORMATS:
             expected = (fmt, fmt)
         elif fmt == "dummy":
             expected = ("jax_dummy", "jax_dummy") if iterator else ("dummy", "dummy")
