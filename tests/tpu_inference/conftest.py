@@ -47,7 +47,7 @@ def jax_env() -> dict[str, str]:
     probe = subprocess.run([str(python), "-c", FIND_STACK], capture_output=True, text=True, timeout=120,
                            env=os.environ)
     if probe.returncode:
-        pytest.fail(f"the JAX venv at {python} cannot import aotc and tpu_inference (run `make env-jax`): "
+        pytest.fail(f"the JAX venv at {python} does not hold aotc and the tpu-inference stack (run `make env-jax`): "
                     f"{probe.stderr.strip().splitlines()[-1:]}", pytrace=False)
     # vLLM 0.13 (the core's) and vLLM 0.32 (this venv's) keep their registry's model-class facts under the same
     # file names in $VLLM_CACHE_ROOT/modelinfos, each hashing its own source: on a shared root every process of
