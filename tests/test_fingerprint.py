@@ -360,6 +360,7 @@ def sha256_of(path) -> str:
 JAX_CPU = {"runner": "tpu-inference", "device": "cpu", "accelerator": "v6e-4"}
 
 
+@pytest.mark.needs_jax  # fingerprints a tpu-inference entry: the JAX venv's versions
 def test_a_draft_given_as_json_text_is_known_by_its_config_as_in_a_mapping(tmp_path):
     """vllm serve takes speculative_config as JSON text too (any JSON argument): that draft is read beside the
     matrix and known by its config.json, as a mapping's is, not by its path (two drafts at one path with other
@@ -378,6 +379,7 @@ def test_a_draft_given_as_json_text_is_known_by_its_config_as_in_a_mapping(tmp_p
     assert (known["model"], known["model_config_sha256"]) == (draft.name, sha256_of(draft / "config.json"))
 
 
+@pytest.mark.needs_jax  # fingerprints a tpu-inference entry: the JAX venv's versions
 def test_a_preprocessor_config_that_changes_the_plan_changes_the_fingerprint(tmp_path):
     """Qwen2.5-VL with dynamic image sizes: the processor's max_pixels (its preprocessor_config.json) bounds the
     images, so the plan's encoder graphs; the fingerprint hashes that file as the plan reads it."""
@@ -402,6 +404,7 @@ def test_a_preprocessor_config_that_changes_the_plan_changes_the_fingerprint(tmp
     assert large["inputs"]["model_files_sha256"]["preprocessor_config.json"] == sha256_of(preprocessor)
 
 
+@pytest.mark.needs_jax  # fingerprints a tpu-inference entry: the JAX venv's versions
 @pytest.mark.parametrize("name", MODEL_FILES)
 def test_each_model_file_a_plan_reads_is_in_the_fingerprint(tmp_path, name):
     model = tmp_path / "guard"

@@ -43,7 +43,7 @@ def stack_registry(runner: str) -> dict[str, list[str]]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("runner", ["vllm-tpu", "tpu-inference"])
+@pytest.mark.parametrize("runner", ["vllm-tpu", pytest.param("tpu-inference", marks=pytest.mark.needs_jax)])
 def test_every_variable_the_stack_reads_is_hashed_or_left_out_with_a_reason(runner):
     spec = load_runner(runner)
     registry = stack_registry(runner)
@@ -80,7 +80,12 @@ STACK_SETTINGS = [("tpu-inference", "SAMPLING_MICROBATCH_SIZE", "4"), ("tpu-infe
                   ("vllm-tpu", "VLLM_FUSED_MOE_CHUNK_SIZE", "4096"), ("vllm-tpu", "VLLM_XLA_USE_SPMD", "1")]
 
 
-@pytest.mark.parametrize("runner, var, value", STACK_SETTINGS)
+def on_its_stack(params: list[tuple]) -> list:
+    """The tpu-inference cases read the JAX venv (its stack's registry, its fingerprint): needs_jax."""
+    return [pytest.param(*p, marks=pytest.mark.needs_jax) if p[0] == "tpu-inference" else p for p in params]
+
+
+@pytest.mark.parametrize("runner, var, value", on_its_stack(STACK_SETTINGS))
 def test_a_variable_the_stack_reads_changes_the_fingerprint(tmp_path, runner, var, value):
     config = pinned_matrix(tmp_path, runner)
     plain, changed = cli_fingerprint(config), cli_fingerprint(config, **{var: value})
@@ -88,8 +93,8 @@ def test_a_variable_the_stack_reads_changes_the_fingerprint(tmp_path, runner, va
     assert changed["inputs"]["env"][var] == value
 
 
-@pytest.mark.parametrize("runner, var", [("tpu-inference", "TPU_WORKER_ID"), ("vllm-tpu", "VLLM_LOGGING_LEVEL"),
-                                         ("tpu-inference", "VLLM_XLA_CACHE_PATH")])
+@pytest.mark.parametrize("runner, var", on_its_stack([("tpu-inference", "TPU_WORKER_ID"), ("vllm-tpu", "VLLM_LOGGING_LEVEL"),
+                                                      ("tpu-inference", "VLLM_XLA_CACHE_PATH")]))
 def test_a_variable_left_out_with_a_reason_leaves_the_fingerprint_alone(tmp_path, runner, var):
     assert var in load_runner(runner).env_unhashed
     config = pinned_matrix(tmp_path, runner)
