@@ -24,7 +24,7 @@ def plan_entry(entry: Entry) -> BuildPlan:
     if problems := entry_problems(entry, config):
         raise BadInput(f"{entry.name}: {problems[0]}")
     graphs = tuple(planner.capture_plan(entry, config))
-    return BuildPlan(entry, graphs, planner.bucket_summary(entry), model_config_source(entry))
+    return BuildPlan(entry, graphs, planner.bucket_summary(entry, config), model_config_source(entry))
 
 
 def model_config_source(entry: Entry) -> dict[str, Any]:

@@ -42,8 +42,9 @@ class Planner(ABC):
         """Every graph the entry needs, in the order the stack's warm-up compiles them."""
 
     @abstractmethod
-    def bucket_summary(self, entry: Entry) -> dict[str, Any]:
-        """The padded buckets behind the plan, for ``aotc plan`` and the report."""
+    def bucket_summary(self, entry: Entry, hf_config: dict | None) -> dict[str, Any]:
+        """The padded buckets behind the plan, for ``aotc plan`` and the report, from the config ``capture_plan``
+        read (a model-dependent rule, e.g. an MLA model's KV block size, reads that one, not the file again)."""
 
     def kv_block_size(self, entry: Entry) -> int | None:
         """Tokens per KV block (vLLM's ``CacheConfig.block_size``, which the Pallas backends' ``get_page_size``

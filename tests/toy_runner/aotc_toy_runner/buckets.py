@@ -39,7 +39,7 @@ class ToyPlanner(Planner):
         return ([GraphSpec.of("square", num_tokens=t) for t in token_buckets(entry)]
                 + [GraphSpec.of("pick", num_reqs=r) for r in request_buckets(entry)])
 
-    def bucket_summary(self, entry: Entry) -> dict:
+    def bucket_summary(self, entry: Entry, hf_config: dict | None) -> dict:
         return {"token_paddings": token_buckets(entry), "request_paddings": request_buckets(entry)}
 
     def kv_block_size(self, entry: Entry) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 
 from aotc.graphs import GraphSpec
-from aotc.entry import Entry, hf_config
+from aotc.entry import Entry
 # MIN_NUM_SEQS = runner.utils.MIN_NUM_SEQS; token_paddings and req_paddings equal runner.utils' helpers
 from aotc.runners import llava
 from aotc.runners.multimodal import image_step_graphs, is_multimodal
@@ -572,12 +572,12 @@ def implied_flags(entry: Entry) -> dict[str, tuple[str, ...]]:
     return {}
 
 
-def bucket_summary(entry: Entry) -> dict:
+def bucket_summary(entry: Entry, hf_config: dict | None) -> dict:
     """The buckets, the KV block size and the mesh. The block size depends on the model (an MLA model's
-    backend has its own), so it reads the config the plan read (Planner.bucket_summary takes none)."""
+    backend has its own)."""
     p = paddings(entry)
     summary = {"token_paddings": p["tokens"], "request_paddings": p["reqs"], "attention_request_paddings": p["attn_reqs"],
-               "block_size": kv_block_size(entry, hf_config(entry)), "mesh": mesh(entry)}
+               "block_size": kv_block_size(entry, hf_config), "mesh": mesh(entry)}
     if "logits" in p:
         summary["logits_paddings"] = p["logits"]
     return summary

@@ -94,7 +94,7 @@ def traffic_images(entry: Entry, hf_config: dict | None) -> tuple[tuple[int, int
     return llava.traffic_images(hf_config) if is_multimodal(hf_config) else ()
 
 
-def bucket_summary(entry: Entry) -> dict:
+def bucket_summary(entry: Entry, hf_config: dict | None) -> dict:
     gap = int(entry.env.get("VLLM_TPU_BUCKET_PADDING_GAP", 0))
     return {
         "token_paddings": token_paddings(MIN_TOKEN_PADDING, entry.max_num_batched_tokens, gap),
