@@ -43,6 +43,8 @@ def features(entry: Entry) -> list[str]:
         found.append("expert parallel")
     if engine.get("enable_prefix_caching"):
         found.append("prefix caching")
+    if engine.get("enable_prefix_caching") is False:
+        found.append("prefix caching off")
     if engine.get("async_scheduling") is False:
         found.append("async scheduling off")
     found += image_features(entry, config)
