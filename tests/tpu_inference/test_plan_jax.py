@@ -558,10 +558,16 @@ def test_mla_model_settings_are_tpu_inferences_own(jax_env, tmp_path):
 # (max_model_len, max_num_seqs): around get_page_size's steps and where get_min_page_size passes it
 PAGE_CASES = [[length, seqs] for length in (16, 100, 128, 1000, 2048, 4096, 8192, 8193, 16384, 32768, 131072)
               for seqs in (1, 8, 100, 256, 1024, 4096)]
-# beside the zoo's: a dense model at many long requests (the SMEM minimum wins), a matrix's own block size
+# beside the zoo's: a dense model at many long requests (the SMEM minimum wins), a matrix's own block size, and a
+# hybrid whose mamba state (Qwen3-Next 80B's linear-attention sizes) outweighs a 16-token attention block many times
+# over: the case upstream vLLM aligns the block size for (Platform._align_hybrid_block_size), which tpu-inference skips
 BLOCK_SIZE_MATRIX = """
 defaults: {runner: tpu-inference, device: cpu, accelerator: v6e-1, dtype: bfloat16, engine: {num_gpu_blocks_override: 65}}
 models:
+  - {name: hybrid-big-state, model: MODELS/tiny-qwen3-next,
+     engine: {hf_overrides: {linear_num_key_heads: 16, linear_num_value_heads: 32, linear_key_head_dim: 128,
+                             linear_value_head_dim: 128}},
+     matrix: {max_model_len: [128], max_num_seqs: [8], max_num_batched_tokens: [64]}}
   - {name: long, model: MODELS/qwen3-8b, matrix: {max_model_len: [16384], max_num_seqs: [1024],
                                                   max_num_batched_tokens: [1024]}}
   - {name: pinned, model: MODELS/tiny-qwen3, engine: {block_size: 64},
@@ -595,14 +601,18 @@ def deepseek_v3_config() -> list[list]:
 
 def test_plan_reports_the_kv_block_size_tpu_inferences_platform_sets(jax_env, tmp_path):
     """`aotc plan --json`'s block_size is the one in the engine config the stack builds for the entry
-    (TpuPlatform.check_and_update_config): the MLA backend's for the zoo's DeepSeek V3, a dense model's Pallas
-    page size, raised to get_min_page_size for many long requests, a matrix's block_size as given. The rule
-    equals the backends' own get_page_size / get_min_page_size over a sweep."""
+    (TpuPlatform.check_and_update_config, then its update_block_size_for_backend, which keeps it for a hybrid
+    model): the MLA backend's for the zoo's DeepSeek V3, a dense model's Pallas page size, raised to
+    get_min_page_size for many long requests, a matrix's block_size as given; the zoo's Qwen3-Next hybrids, with
+    prefix caching (mamba "align" mode) and without (speculative decoding turns it off), and one with a large
+    mamba state, the dense model's. The rule equals the backends' own get_page_size / get_min_page_size over a
+    sweep."""
     from aotc.runners.tpu_inference.plan import block_size
     from aotc.runners.paddings import page_size
 
     zoo = REPO / "configs" / "zoo-jax.yaml"
-    names = [e.name for e in load_matrix(zoo).entries if e.name.split("--")[0] in ("deepseek-v3", "qwen3")]
+    names = [e.name for e in load_matrix(zoo).entries
+             if e.name.split("--")[0] in ("deepseek-v3", "qwen3", "qwen3-next", "qwen3-next-ngram")]
     matrix = tmp_path / "block-size.yaml"
     matrix.write_text(BLOCK_SIZE_MATRIX.replace("MODELS", str(REPO / "configs" / "models")))
     entries = [e for e in load_matrix(zoo).entries if e.name in names] + list(load_matrix(matrix).entries)
@@ -611,6 +621,7 @@ def test_plan_reports_the_kv_block_size_tpu_inferences_platform_sets(jax_env, tm
     planned |= planned_block_sizes(jax_env, matrix)
     assert planned == theirs["engine"]
     assert len(set(planned.values())) == 4  # MLA, dense, SMEM-raised and configured sizes all differ
+    assert sum(theirs["hybrid"].values()) == 3, theirs["hybrid"]
     assert block_size.MLA_PAGE_SIZE == theirs["mla_page"]
     for (length, seqs), (page, minimum) in zip(PAGE_CASES, theirs["pages"]):
         assert (page_size(length), block_size.min_page_size(length, seqs)) == (page, minimum), (length, seqs)
