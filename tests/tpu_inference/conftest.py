@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aotc.files import aotc_home
-from tests.conftest import launch_environ
+from tests.conftest import launch_environ, shared_across_workers
 
 REPO = Path(__file__).resolve().parents[2]
 JAX_LOCK = REPO / "requirements" / "jax.lock"
@@ -56,6 +56,23 @@ def jax_env() -> dict[str, str]:
     # import of vLLM, 10 to 20 s; 14 rewrites of Llama's in one suite run). This stack gets a root of its own.
     return {**launch_environ(), PYTHON_ENV: str(python),
             "VLLM_CACHE_ROOT": str(aotc_home() / "vllm-cache-tpu-inference")}
+
+
+# Scripts that each install the CPU twin (twin.install() is idempotent) and read only its kernels against their own
+# references: they share one process of jax_scripts.py, once per run (test_twin_gdn_jax, test_twin_moe_jax).
+TWIN_KERNEL_SCRIPTS = ("gdn_facts.py", "moe_facts.py")
+
+
+@pytest.fixture(scope="session")
+def twin_kernel_facts(jax_env, tmp_path_factory) -> dict[str, dict]:
+    """Each of TWIN_KERNEL_SCRIPTS' answers, by script."""
+    with shared_across_workers(tmp_path_factory, "twin-kernel-facts") as shared:
+        record = shared / "answers.json"
+        if not record.is_file():
+            runs = [[script, {}] for script in TWIN_KERNEL_SCRIPTS]
+            answers = run_jax(jax_env, Path(__file__).with_name("jax_scripts.py"), {"runs": runs})["answers"]
+            record.write_text(json.dumps(dict(zip(TWIN_KERNEL_SCRIPTS, answers))))
+        return json.loads(record.read_text())
 
 
 def run_jax(jax_env: dict[str, str], script: Path, payload: dict, timeout: float = 900) -> dict:
