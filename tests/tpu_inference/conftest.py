@@ -66,12 +66,31 @@ TWIN_KERNEL_SCRIPTS = ("gdn_facts.py", "moe_facts.py")
 @pytest.fixture(scope="session")
 def twin_kernel_facts(jax_env, tmp_path_factory) -> dict[str, dict]:
     """Each of TWIN_KERNEL_SCRIPTS' answers, by script."""
-    with shared_across_workers(tmp_path_factory, "twin-kernel-facts") as shared:
+    return shared_scripts(jax_env, tmp_path_factory, "twin-kernel-facts", {script: {} for script in TWIN_KERNEL_SCRIPTS})
+
+
+# Scripts that only import the stack and read it (no environment set, no patch, no plugin load), of two modules
+# (test_tpu_path_jax, test_zoo_jax): one process of jax_scripts.py once per run.
+TPU_PATH_ROOTS = ["tpu_inference.kernels.*", "tpu_inference.layers.*", "tpu_inference.lora.*",
+                  "tpu_inference.spec_decode.*", "tpu_inference.runner.tpu_runner", "tpu_inference.worker.tpu_worker"]
+STACK_READERS = {"../helpers/tpu_imports.py": {"roots": TPU_PATH_ROOTS}, "jax_registry.py": {}}
+
+
+@pytest.fixture(scope="session")
+def stack_readers(jax_env, tmp_path_factory) -> dict[str, dict]:
+    """Each of STACK_READERS' answers, by script."""
+    return shared_scripts(jax_env, tmp_path_factory, "stack-readers", STACK_READERS)
+
+
+def shared_scripts(jax_env, tmp_path_factory, name: str, payloads: dict[str, dict]) -> dict[str, dict]:
+    """The answers of scripts run in one process of jax_scripts.py, in order, once per run: the first xdist worker
+    to ask runs them, the other reads its answers."""
+    with shared_across_workers(tmp_path_factory, name) as shared:
         record = shared / "answers.json"
         if not record.is_file():
-            runs = [[script, {}] for script in TWIN_KERNEL_SCRIPTS]
-            answers = run_jax(jax_env, Path(__file__).with_name("jax_scripts.py"), {"runs": runs})["answers"]
-            record.write_text(json.dumps(dict(zip(TWIN_KERNEL_SCRIPTS, answers))))
+            answers = run_jax(jax_env, Path(__file__).with_name("jax_scripts.py"),
+                              {"runs": list(payloads.items())})["answers"]
+            record.write_text(json.dumps(dict(zip(payloads, answers))))
         return json.loads(record.read_text())
 
 
