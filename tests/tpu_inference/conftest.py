@@ -5,6 +5,7 @@ The JAX venv is required, never skipped: `make test` (and CI) installs it with `
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aotc.files import aotc_home
-from tests.conftest import launch_environ
+from tests.conftest import launch_environ, shared_across_workers
 
 REPO = Path(__file__).resolve().parents[2]
 JAX_LOCK = REPO / "requirements" / "jax.lock"
@@ -57,6 +58,42 @@ def jax_env() -> dict[str, str]:
             "VLLM_CACHE_ROOT": str(aotc_home() / "vllm-cache-tpu-inference")}
 
 
+# Scripts that each install the CPU twin (twin.install() is idempotent) and read only its kernels against their own
+# references: they share one process of jax_scripts.py, once per run (test_twin_gdn_jax, test_twin_moe_jax).
+TWIN_KERNEL_SCRIPTS = ("gdn_facts.py", "moe_facts.py")
+
+
+@pytest.fixture(scope="session")
+def twin_kernel_facts(jax_env, tmp_path_factory) -> dict[str, dict]:
+    """Each of TWIN_KERNEL_SCRIPTS' answers, by script."""
+    return shared_scripts(jax_env, tmp_path_factory, "twin-kernel-facts", {script: {} for script in TWIN_KERNEL_SCRIPTS})
+
+
+# Scripts that only import the stack and read it (no environment set, no patch, no plugin load), of two modules
+# (test_tpu_path_jax, test_zoo_jax): one process of jax_scripts.py once per run.
+TPU_PATH_ROOTS = ["tpu_inference.kernels.*", "tpu_inference.layers.*", "tpu_inference.lora.*",
+                  "tpu_inference.spec_decode.*", "tpu_inference.runner.tpu_runner", "tpu_inference.worker.tpu_worker"]
+STACK_READERS = {"../helpers/tpu_imports.py": {"roots": TPU_PATH_ROOTS}, "jax_registry.py": {}}
+
+
+@pytest.fixture(scope="session")
+def stack_readers(jax_env, tmp_path_factory) -> dict[str, dict]:
+    """Each of STACK_READERS' answers, by script."""
+    return shared_scripts(jax_env, tmp_path_factory, "stack-readers", STACK_READERS)
+
+
+def shared_scripts(jax_env, tmp_path_factory, name: str, payloads: dict[str, dict]) -> dict[str, dict]:
+    """The answers of scripts run in one process of jax_scripts.py, in order, once per run: the first xdist worker
+    to ask runs them, the other reads its answers."""
+    with shared_across_workers(tmp_path_factory, name) as shared:
+        record = shared / "answers.json"
+        if not record.is_file():
+            answers = run_jax(jax_env, Path(__file__).with_name("jax_scripts.py"),
+                              {"runs": list(payloads.items())})["answers"]
+            record.write_text(json.dumps(dict(zip(payloads, answers))))
+        return json.loads(record.read_text())
+
+
 def run_jax(jax_env: dict[str, str], script: Path, payload: dict, timeout: float = 900) -> dict:
     """Run a helper script under the JAX interpreter: JSON in on stdin, JSON out on the last stdout line."""
     proc = subprocess.run([jax_env[PYTHON_ENV], str(script)], input=json.dumps(payload), capture_output=True,
@@ -66,3 +103,16 @@ def run_jax(jax_env: dict[str, str], script: Path, payload: dict, timeout: float
                                                             "LIBTPU_INIT_ARGS": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def stack_method_source(jax_env: dict[str, str], module: str, cls: str, method: str) -> str:
+    """The source of ``cls.method`` as the JAX venv installs ``module``, read from its file: what
+    inspect.getsource gives there, without the import of the stack (13 to 17 s of CPU) that importing it costs."""
+    top, *rest = module.split(".")
+    find = f"import importlib.util; print(importlib.util.find_spec({top!r}).submodule_search_locations[0])"
+    proc = subprocess.run([jax_env[PYTHON_ENV], "-I", "-c", find], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = Path(proc.stdout.strip(), *rest).with_suffix(".py").read_text()  # a module inside the package
+    [klass] = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == cls]
+    [function] = [n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == method]
+    return ast.get_source_segment(text, function)

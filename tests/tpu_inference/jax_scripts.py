@@ -6,7 +6,7 @@ Only scripts that leave nothing another reads belong together (no environment se
 vLLM plugin load); the caller puts a script that reads the launch environment (jax_facts.py) first, before any
 other imports the stack.
 
-stdin: {"runs": [[script file name in this directory, payload], ...]}
+stdin: {"runs": [[script file path relative to this directory, payload], ...]}
 stdout (last line): {"answers": [answer, ...]}
 """
 
@@ -23,7 +23,7 @@ def answer(script: str, payload: dict) -> dict:
     sys.stdin = io.StringIO(json.dumps(payload))
     try:
         with contextlib.redirect_stdout(out):
-            runpy.run_path(str(Path(__file__).with_name(script)), run_name="__main__")
+            runpy.run_path(str(Path(__file__).parent / script), run_name="__main__")
     finally:
         sys.stdin = sys.__stdin__
     return json.loads(out.getvalue().strip().splitlines()[-1])

@@ -5,8 +5,8 @@ long prompt that asks for prompt logprobs: nothing compiles after ready."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from aotc.plan import plan_entry
 from aotc.runners.tpu_inference.plan import buckets
 from aotc.testing import stock_server
 
-from .conftest import REPO
+from .conftest import REPO, stack_method_source
 from .test_build_verify_jax import aotc
 
 CONFIG = REPO / "configs" / "long-prompts-jax.yaml"
@@ -32,12 +32,9 @@ def test_plan_lists_the_prompt_logprob_buckets_the_warmup_skips():
 
 
 def test_the_limit_is_tpu_inferences_own(jax_env):
-    code = ("import inspect, re; from tpu_inference.runner.compilation_manager import CompilationManager as M;"
-            "print(re.search(r'MAX_PRECOMPILE_PROMPT_TOKENS = (\\d+)', inspect.getsource(M._precompile_gather_logprobs))[1])")
-    out = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", code], capture_output=True, text=True,
-                         env={**jax_env, "JAX_PLATFORMS": "cpu"}, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.split()[-1]) == buckets.MAX_PRECOMPILE_PROMPT_TOKENS
+    source = stack_method_source(jax_env, "tpu_inference.runner.compilation_manager", "CompilationManager",
+                                 "_precompile_gather_logprobs")
+    assert int(re.search(r"MAX_PRECOMPILE_PROMPT_TOKENS = (\d+)", source)[1]) == buckets.MAX_PRECOMPILE_PROMPT_TOKENS
 
 
 @pytest.fixture(scope="module")

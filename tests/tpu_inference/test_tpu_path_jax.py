@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from .conftest import REPO, run_jax
 
-# tpu-inference's Pallas kernels (attention, MoE, quantized matmul, collectives...), the layers, LoRA and
-# speculative-decoding code that call them, and the runner and worker that drive them on a TPU.
-TPU_PATH_ROOTS = ["tpu_inference.kernels.*", "tpu_inference.layers.*", "tpu_inference.lora.*",
-                  "tpu_inference.spec_decode.*", "tpu_inference.runner.tpu_runner", "tpu_inference.worker.tpu_worker"]
-
-
-def test_every_module_the_tpu_path_imports_is_installed(jax_env):
-    result = run_jax(jax_env, REPO / "tests" / "helpers" / "tpu_imports.py", {"roots": TPU_PATH_ROOTS})
+def test_every_module_the_tpu_path_imports_is_installed(stack_readers):
+    # tpu-inference's Pallas kernels (attention, MoE, quantized matmul, collectives...), the layers, LoRA and
+    # speculative-decoding code that call them, and the runner and worker that drive them on a TPU
+    # (conftest.py: TPU_PATH_ROOTS, imported by tests/helpers/tpu_imports.py)
+    result = stack_readers["../helpers/tpu_imports.py"]
     assert result["failed"] == {}
     assert {"jax.experimental.pallas", "tpu_inference.kernels.fused_moe.v1.kernel"} <= set(result["imported"])

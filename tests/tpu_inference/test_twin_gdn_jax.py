@@ -5,18 +5,12 @@ recurrence written out token by token; the twin hands the recurrence itself to t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from .conftest import run_jax
-
-SCRIPT = Path(__file__).with_name("gdn_facts.py")
 
 
 @pytest.fixture(scope="module")
-def facts(jax_env) -> dict:
-    return run_jax(jax_env, SCRIPT, {})
+def facts(twin_kernel_facts) -> dict:
+    return twin_kernel_facts["gdn_facts.py"]  # one process with moe_facts.py (conftest.py)
 
 
 def test_the_stack_takes_the_twin_as_its_linear_attention_kernel(facts):

@@ -7,18 +7,12 @@ whole fused_moe_func.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from .conftest import run_jax
-
-SCRIPT = Path(__file__).with_name("moe_facts.py")
 
 
 @pytest.fixture(scope="module")
-def facts(jax_env) -> dict:
-    return run_jax(jax_env, SCRIPT, {})
+def facts(twin_kernel_facts) -> dict:
+    return twin_kernel_facts["moe_facts.py"]  # one process with gdn_facts.py (conftest.py)
 
 
 def test_grouped_matmul_multiplies_each_row_by_its_groups_weights_on_this_shard(facts):

@@ -129,15 +129,6 @@ def test_a_target_the_stack_runs_on_vllms_model_drafts_only_with_its_draft_set_t
     assert rules.draft_implementation(dense, hf_config(dense)) == []
 
 
-REGISTRY = """
-import json, types
-from tpu_inference.models.common import model_loader
-try:
-    model_loader._get_model_architecture(types.SimpleNamespace(architectures=[]))
-except model_loader.UnsupportedArchitectureError:
-    pass
-print(json.dumps({name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in model_loader._MODEL_REGISTRY.items()}))
-"""
 # tpu-inference's JAX architectures the twins do not build yet, each with the reason (docs/support.md).
 NOT_YET: dict[str, str] = {}
 # The matrices whose entries build on the twin in the suite (zoo, demo, features, multimodal).
@@ -169,15 +160,10 @@ def built_architectures() -> set[str]:
     return found
 
 
-def test_every_jax_architecture_of_the_stack_is_built_or_named_not_yet(jax_env):
+def test_every_jax_architecture_of_the_stack_is_built_or_named_not_yet(stack_readers):
     """The zoo keeps up with tpu-inference's JAX registry: an architecture the stack adds, or one a matrix starts
     building, fails this until the list above (and docs/support.md's table) says so."""
-    import subprocess
-
-    proc = subprocess.run([jax_env["AOTC_PYTHON_TPU_INFERENCE"], "-c", REGISTRY], capture_output=True, text=True,
-                          timeout=600, env={**jax_env, "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    class_of = json.loads(proc.stdout.strip().splitlines()[-1])
+    class_of = stack_readers["jax_registry.py"]  # tpu-inference's registry: architecture -> its class
     registry = set(class_of)
     # a name the registry maps to a class a matrix builds under another name is built too (DFlash's two names)
     built_classes = {class_of[name] for name in built_architectures() & registry}
