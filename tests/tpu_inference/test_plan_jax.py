@@ -604,15 +604,15 @@ def test_plan_reports_the_kv_block_size_tpu_inferences_platform_sets(jax_env, tm
     (TpuPlatform.check_and_update_config, then its update_block_size_for_backend, which keeps it for a hybrid
     model): the MLA backend's for the zoo's DeepSeek V3, a dense model's Pallas page size, raised to
     get_min_page_size for many long requests, a matrix's block_size as given; the zoo's Qwen3-Next hybrids, with
-    prefix caching (mamba "align" mode) and without (speculative decoding turns it off), and one with a large
-    mamba state, the dense model's. The rule equals the backends' own get_page_size / get_min_page_size over a
+    prefix caching (mamba "align" mode), without, and with speculative decoding (which turns it off), and one with
+    a large mamba state, the dense model's. The rule equals the backends' own get_page_size / get_min_page_size over a
     sweep."""
     from aotc.runners.tpu_inference.plan import block_size
     from aotc.runners.paddings import page_size
 
     zoo = REPO / "configs" / "zoo-jax.yaml"
-    names = [e.name for e in load_matrix(zoo).entries
-             if e.name.split("--")[0] in ("deepseek-v3", "qwen3", "qwen3-next", "qwen3-next-ngram")]
+    qwen3_next = ("qwen3-next", "qwen3-next-prefix", "qwen3-next-ngram")
+    names = [e.name for e in load_matrix(zoo).entries if e.name.split("--")[0] in ("deepseek-v3", "qwen3", *qwen3_next)]
     matrix = tmp_path / "block-size.yaml"
     matrix.write_text(BLOCK_SIZE_MATRIX.replace("MODELS", str(REPO / "configs" / "models")))
     entries = [e for e in load_matrix(zoo).entries if e.name in names] + list(load_matrix(matrix).entries)
@@ -621,7 +621,9 @@ def test_plan_reports_the_kv_block_size_tpu_inferences_platform_sets(jax_env, tm
     planned |= planned_block_sizes(jax_env, matrix)
     assert planned == theirs["engine"]
     assert len(set(planned.values())) == 4  # MLA, dense, SMEM-raised and configured sizes all differ
-    assert sum(theirs["hybrid"].values()) == 3, theirs["hybrid"]
+    # every Qwen3-Next entry reaches the engine as a hybrid: prefix on, off, speculative and the large state
+    hybrids = {name for name, hybrid in theirs["hybrid"].items() if hybrid}
+    assert hybrids == {e.name for e in entries if e.model.endswith("tiny-qwen3-next")}, theirs["hybrid"]
     assert block_size.MLA_PAGE_SIZE == theirs["mla_page"]
     for (length, seqs), (page, minimum) in zip(PAGE_CASES, theirs["pages"]):
         assert (page_size(length), block_size.min_page_size(length, seqs)) == (page, minimum), (length, seqs)
