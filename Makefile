@@ -95,7 +95,7 @@ test: env env-jax
 
 # The core venv alone: tests that need the JAX venv are marked needs_jax (tests/conftest.py) and left out.
 test-fast: env
-	$(BIN)/python -m pytest -m "not slow and not needs_jax" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not needs_jax" -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # docs/support.md's table, from the matrices the suite builds and its case lists (tests/support_cases.py), with
 # the figures the slow tests recorded into docs/support-records when run with AOTC_SUPPORT_RECORDS=docs/support-records.
