@@ -88,10 +88,14 @@ def shared_scripts(jax_env, tmp_path_factory, name: str, payloads: dict[str, dic
     with shared_across_workers(tmp_path_factory, name) as shared:
         record = shared / "answers.json"
         if not record.is_file():
-            answers = run_jax(jax_env, Path(__file__).with_name("jax_scripts.py"),
-                              {"runs": list(payloads.items())})["answers"]
-            record.write_text(json.dumps(dict(zip(payloads, answers))))
+            record.write_text(json.dumps(run_scripts(jax_env, payloads)))
         return json.loads(record.read_text())
+
+
+def run_scripts(jax_env: dict[str, str], payloads: dict[str, dict]) -> dict[str, dict]:
+    """Each script's answer, by script, from one process of jax_scripts.py running them in order."""
+    answers = run_jax(jax_env, Path(__file__).with_name("jax_scripts.py"), {"runs": list(payloads.items())})["answers"]
+    return dict(zip(payloads, answers))
 
 
 def run_jax(jax_env: dict[str, str], script: Path, payload: dict, timeout: float = 900) -> dict:

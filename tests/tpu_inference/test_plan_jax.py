@@ -13,9 +13,8 @@ from aotc.plan import plan_entry
 from aotc.runners.spec import load_runner
 from aotc.runners.tpu_inference.plan import buckets, qwen3_vl
 
-from .conftest import REPO, run_jax
+from .conftest import REPO, run_jax, run_scripts
 
-SCRIPTS = Path(__file__).with_name("jax_scripts.py")
 BLOCK_SIZE_SCRIPT = Path(__file__).with_name("jax_block_size.py")
 MODELS = REPO / "configs" / "models"
 UNTIED_QWEN2 = MODELS / "tiny-qwen2"
@@ -56,9 +55,7 @@ def stack(jax_env) -> dict[str, dict]:
     engine configs, which load aotc's plugin under the environment they set (a device-cpu entry's
     AOTC_CPU_TWIN=1 installs the twin, which refuses a process that already imported the stack's modules, and
     NEW_MODEL_DESIGN stays set for what follows)."""
-    payloads = stack_payloads()
-    answers = run_jax(jax_env, SCRIPTS, {"runs": list(payloads.items())})["answers"]
-    return dict(zip(payloads, answers))
+    return run_scripts(jax_env, stack_payloads())
 
 
 def stack_payloads() -> dict[str, dict]:
