@@ -1,9 +1,11 @@
 """Small process helpers every layer shares: a free loopback port, an environment change where None unsets,
-leaving without interpreter teardown, and SIGTERM as an exception."""
+leaving without interpreter teardown, SIGTERM as an exception, and the garbage collector's pace in a process
+that imports a stack."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -26,6 +28,19 @@ def update_env(target: MutableMapping[str, str], changes: Mapping[str, str | Non
             target.pop(key, None)
         else:
             target[key] = value
+
+
+# The young generation's threshold in a process of aotc's that imports a stack (torch, vLLM, JAX: about 8,000
+# modules, objects that live as long as the process) and then traces and compiles: at the interpreter's default
+# (700 allocations) the cyclic collector runs thousands of times over them. Measured on the JAX demo: its
+# verify runner 15.4 -> 13.6 s of CPU (two pairs), the stack's imports alone 13.0 -> 10.9 s, peak memory the same.
+# The collector still runs; a runner lives for minutes, not a server's days.
+STACK_PROCESS_GC_THRESHOLD = (100_000, 50, 100)
+
+
+def collect_garbage_rarely() -> None:
+    """Call first in a process entry point that imports a stack (a runner, a KV sizing, an argument check)."""
+    gc.set_threshold(*STACK_PROCESS_GC_THRESHOLD)
 
 
 def exit_now(code: int) -> None:

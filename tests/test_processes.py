@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.conftest import REPO
 
 LEAVER = """
@@ -43,3 +45,28 @@ def test_exit_now_leaves_no_multiprocessing_child_behind(tmp_path):
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(child)
+
+
+STACK_ENTRY_POINTS = {
+    # each entry point is called on input it refuses: what is asserted is the collector's pace it leaves set
+    "runner": "from aotc.runners.protocol import runner_main\n"
+              "runner_main('python -m runner', None, ['build', '/no/such/request.json', '/no/result.json'])",
+    "kv sizing": "import io\nsys.stdin = io.StringIO('not an entry')\n"
+                 "from aotc.runners.kv_sizing import main\nmain(lambda entry: 1)",
+    "argument check": "import io\nsys.stdin = io.StringIO('{\"argvs\": [], \"packages\": [\"no-such-dist\"]}')\n"
+                      "from aotc.runners.serve_args import main\nmain()",
+}
+
+
+@pytest.mark.parametrize("entry_point", sorted(STACK_ENTRY_POINTS))
+def test_a_process_that_imports_a_stack_collects_garbage_rarely(entry_point):
+    """aotc's processes that import torch, vLLM or JAX raise the young generation's threshold before they do
+    (aotc/processes.py: STACK_PROCESS_GC_THRESHOLD), in a process of their own."""
+    from aotc.processes import STACK_PROCESS_GC_THRESHOLD
+
+    script = f"import gc, sys\nassert gc.get_threshold() != {STACK_PROCESS_GC_THRESHOLD!r}\n" \
+             f"{STACK_ENTRY_POINTS[entry_point]}\nprint(list(gc.get_threshold()), file=sys.__stdout__)"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == str(list(STACK_PROCESS_GC_THRESHOLD))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from aotc.errors import BadInput
+from aotc.processes import collect_garbage_rarely
 from aotc.runners.flags import FLAG_ENV_VARS
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ def sized_by(start: Callable[[Callable[[], None]], Any], entry: Entry) -> int:
 def main(size_kv: Callable[[Entry], int]) -> int:
     """The entry (``Entry.to_dict()``) as JSON on stdin; one JSON line out, ``{"kv_blocks": N}``, or
     ``{"error": "..."}`` with exit status 1 (the traceback goes to stderr)."""
+    collect_garbage_rarely()
     from pydantic import TypeAdapter
 
     from aotc.runners.protocol import WireEntry

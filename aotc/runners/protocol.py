@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError
 
 from aotc.entry import Entry
+from aotc.processes import collect_garbage_rarely
 
 PROGRESS_FD_ENV = "AOTC_PROGRESS_FD"
 Mode = Literal["build", "verify"]
@@ -205,6 +206,7 @@ def runner_main(prog: str, run: Callable[[Mode, Request], BuildResult | VerifyRe
     """A runner process's main: parse argv, validate the request (``check`` adds the runner's own rules;
     ValueError → exit 2), run it and always leave a result file. (``RunnerSpec.serve`` is the other "serve":
     the stock ``vllm serve`` of an entry.)"""
+    collect_garbage_rarely()
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("mode", choices=["build", "verify"])
     parser.add_argument("request")
