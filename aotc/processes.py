@@ -39,7 +39,8 @@ STACK_PROCESS_GC_THRESHOLD = (100_000, 50, 100)
 
 
 def collect_garbage_rarely() -> None:
-    """Call first in a process entry point that imports a stack (a runner, a KV sizing, an argument check)."""
+    """Call first in a process entry point that imports a stack (a runner, a KV sizing). Not in the engine-argument
+    check (aotc/runners/serve_args.py): its answers are kept keyed by its source, and most runs read them."""
     gc.set_threshold(*STACK_PROCESS_GC_THRESHOLD)
 
 

@@ -53,8 +53,6 @@ STACK_ENTRY_POINTS = {
               "runner_main('python -m runner', None, ['build', '/no/such/request.json', '/no/result.json'])",
     "kv sizing": "import io\nsys.stdin = io.StringIO('not an entry')\n"
                  "from aotc.runners.kv_sizing import main\nmain(lambda entry: 1)",
-    "argument check": "import io\nsys.stdin = io.StringIO('{\"argvs\": [], \"packages\": [\"no-such-dist\"]}')\n"
-                      "from aotc.runners.serve_args import main\nmain()",
 }
 
 

@@ -16,8 +16,6 @@ import json
 import sys
 from contextlib import redirect_stderr
 
-from aotc.processes import collect_garbage_rarely
-
 # vLLM 0.13 keeps the serve parser in openai/cli_args.py; vLLM-TPU 0.32's vLLM moved it to launchers/.
 PARSER_MODULES = ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args")
 
@@ -95,7 +93,6 @@ def missing_packages(packages: list[str]) -> list[str]:
 
 
 def main() -> None:
-    collect_garbage_rarely()
     request = json.load(sys.stdin)
     missing = missing_packages(request.get("packages", []))
     if missing:

@@ -20,7 +20,7 @@ DEMO = REPO / "configs" / "demo-jax.yaml"
 ENTRY = "tiny-llama-jax--len128-seqs8-tok64-tp1"
 # Expected counts come from the plan (tests/tpu_inference/test_plan_jax.py ties it to tpu-inference's own helpers),
 # never from a previous run's output.
-PLAN = plan_entry(load_matrix(DEMO).entry(ENTRY))
+PLAN = plan_entry(load_matrix(DEMO, check_stack=False).entry(ENTRY))
 
 
 def aotc(jax_env, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
