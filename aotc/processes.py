@@ -32,8 +32,7 @@ def update_env(target: MutableMapping[str, str], changes: Mapping[str, str | Non
 
 # The young generation's threshold in a process of aotc's that imports a stack (torch, vLLM, JAX: about 8,000
 # modules, objects that live as long as the process) and then traces and compiles: at the interpreter's default
-# (700 allocations) the cyclic collector runs thousands of times over them. Measured on the JAX demo: its
-# verify runner 15.4 -> 13.6 s of CPU (two pairs), the stack's imports alone 13.0 -> 10.9 s, peak memory the same.
+# (700 allocations) the cyclic collector runs thousands of times over them (what it saves: docs/testing.md).
 # The collector still runs; a runner lives for minutes, not a server's days.
 STACK_PROCESS_GC_THRESHOLD = (100_000, 50, 100)
 
